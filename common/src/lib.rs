@@ -1,0 +1,137 @@
+//! Kernel/user shared layouts. Every type is `#[repr(C)]` with explicit
+//! padding fields, no bool/enum/Option fields, so both sides agree byte for byte.
+#![no_std]
+
+/// Event kinds on the ring buffer. Ids are stable: never renumber.
+pub mod kind {
+    /// A task's netns changed to a new one: unshare(CLONE_NEWNET), clone with
+    /// CLONE_NEWNET (the child's netns) or setns into another netns.
+    pub const NETNS_ENTERED: u32 = 1;
+    /// copy_net_ns returned a new netns (fexit, where the kernel allows it).
+    pub const NETNS_CREATED: u32 = 2;
+    /// The last reference of a netns dropped (fentry __put_net).
+    pub const NETNS_FREED: u32 = 3;
+    /// A CNI plugin image was exec'd (its environment carries CNI_COMMAND).
+    pub const CNI_EXEC: u32 = 4;
+    /// A CNI plugin process exited.
+    pub const CNI_EXIT: u32 = 5;
+}
+
+/// How a netns event was observed (`NetnsData::via`).
+pub mod via {
+    pub const UNSHARE: u32 = 1;
+    pub const CLONE: u32 = 2;
+    pub const CLONE3: u32 = 3;
+    pub const SETNS: u32 = 4;
+    pub const COPY_NET_NS: u32 = 5;
+    pub const PUT_NET: u32 = 6;
+}
+
+/// Bits of `CniExecData::flags`: which values were truncated or missing.
+pub mod cni_flag {
+    pub const COMMAND_TRUNCATED: u32 = 1 << 0;
+    pub const CONTAINER_ID_TRUNCATED: u32 = 1 << 1;
+    pub const NETNS_TRUNCATED: u32 = 1 << 2;
+    pub const IFNAME_TRUNCATED: u32 = 1 << 3;
+    pub const FILENAME_TRUNCATED: u32 = 1 << 4;
+    /// The environment had more strings than the kernel scans; a value
+    /// after the limit would be missing.
+    pub const ENV_SCAN_LIMIT: u32 = 1 << 5;
+    pub const HAS_CONTAINER_ID: u32 = 1 << 8;
+    pub const HAS_NETNS: u32 = 1 << 9;
+    pub const HAS_IFNAME: u32 = 1 << 10;
+}
+
+pub const COMM_LEN: usize = 16;
+pub const CNI_COMMAND_LEN: usize = 16;
+pub const CNI_CONTAINER_ID_LEN: usize = 128;
+pub const CNI_NETNS_LEN: usize = 256;
+pub const CNI_IFNAME_LEN: usize = 32;
+pub const FILENAME_LEN: usize = 256;
+/// Environment strings the kernel looks at per exec.
+pub const MAX_ENV_STRINGS: u32 = 256;
+
+/// Common header of every ring-buffer record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventHeader {
+    pub kind: u32,
+    /// Size of the whole record, header included.
+    pub len: u32,
+    /// bpf_ktime_get_ns: CLOCK_MONOTONIC nanoseconds.
+    pub ktime_ns: u64,
+    /// Thread id (the kernel's pid).
+    pub pid: u32,
+    /// Process id (the kernel's tgid).
+    pub tgid: u32,
+    pub cgroup_id: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// NETNS_ENTERED, NETNS_CREATED, NETNS_FREED.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NetnsData {
+    /// ns.inum of the netns (the inode of /proc/PID/ns/net).
+    pub netns_inum: u32,
+    /// The task's netns before the change (0 when not known).
+    pub prev_inum: u32,
+    pub via: u32,
+    pub _pad: u32,
+}
+
+/// CNI_EXEC: NUL-terminated strings read from the new image's environment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CniExecData {
+    pub flags: u32,
+    /// Environment strings scanned.
+    pub env_scanned: u32,
+    pub command: [u8; CNI_COMMAND_LEN],
+    pub container_id: [u8; CNI_CONTAINER_ID_LEN],
+    pub netns: [u8; CNI_NETNS_LEN],
+    pub ifname: [u8; CNI_IFNAME_LEN],
+    pub filename: [u8; FILENAME_LEN],
+}
+
+/// CNI_EXIT.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CniExitData {
+    /// task->exit_code: wait status (exit code << 8 | signal).
+    pub exit_status: u32,
+    pub _pad: u32,
+}
+
+/// A whole record: header plus kind-specific data.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event<T> {
+    pub header: EventHeader,
+    pub data: T,
+}
+
+/// Kernel struct member offsets, resolved from BTF by the agent at start
+/// and written into the programs as a global before load (no CO-RE in Rust).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    pub task_nsproxy: u32,
+    pub task_real_parent: u32,
+    pub task_exit_code: u32,
+    pub task_mm: u32,
+    pub nsproxy_net_ns: u32,
+    /// Offset of ns.inum inside struct net (net.ns + ns_common.inum).
+    pub net_ns_inum: u32,
+    pub mm_env_start: u32,
+    pub mm_env_end: u32,
+    /// Non-zero once the agent filled the struct; programs do nothing before.
+    pub valid: u32,
+    pub _pad: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: all are repr(C), made of integers and byte arrays, no padding.
+    unsafe impl aya::Pod for super::KernelOffsets {}
+}

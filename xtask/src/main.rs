@@ -1,0 +1,42 @@
+//! `cargo xtask <command>`: developer commands for netreap.
+
+use std::process::ExitCode;
+
+use xtask::{Workspace, ebpf, toolchain};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  build-ebpf      build the eBPF object (installs rust-src and bpf-linker when missing)
+  install-tools   only install rust-src for nightly and build bpf-linker into target/tools
+";
+
+fn main() -> ExitCode {
+    let ws = Workspace::locate();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("build-ebpf") => ebpf::build(&ws).map(|obj| println!("{}", obj.display())),
+        Some("install-tools") => toolchain::NightlyInfo::query().and_then(|info| {
+            toolchain::ensure_rust_src(&info)?;
+            let linker = toolchain::ensure_bpf_linker(&ws, &info)?;
+            println!("{}", linker.display());
+            Ok(())
+        }),
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => {
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
