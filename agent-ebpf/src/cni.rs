@@ -7,7 +7,7 @@ use core::{ffi::c_void, mem::size_of};
 use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid,
-        generated::{bpf_probe_read_kernel_str, bpf_probe_read_user_str},
+        generated::{bpf_loop, bpf_probe_read_kernel_str, bpf_probe_read_user_str},
     },
     macros::{map, tracepoint},
     maps::{HashMap, PerCpuArray},
@@ -72,6 +72,64 @@ fn starts_with(buf: &[u8; ENV_CHUNK], key: &[u8]) -> bool {
     true
 }
 
+/// State of the environment scan, shared with the bpf_loop callback.
+#[repr(C)]
+struct EnvScan {
+    /// Next byte of the environment block to read.
+    p: u64,
+    end: u64,
+    /// The previous read was cut: `p` is inside the same string.
+    continuing: u64,
+    scanned: u64,
+    found_command: u64,
+}
+
+/// bpf_loop callback: reads one environment string (or the next chunk of a
+/// long one) and copies it when it is a CNI_ variable. Returns 1 to stop.
+extern "C" fn scan_env_string(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the EnvScan on try_cni_exec's stack.
+    let scan = unsafe { &mut *ctx.cast::<EnvScan>() };
+    if scan.p >= scan.end || (scan.scanned >= u64::from(MAX_ENV_STRINGS) && scan.continuing == 0) {
+        return 1;
+    }
+    let (Some(event), Some(chunk)) = (EXEC_SCRATCH.get_ptr_mut(0), ENV_SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
+    // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
+    let (data, chunk) = unsafe { (&mut (*event).data, &mut *chunk) };
+    let p = scan.p;
+    let n = match read_user_str(chunk, p) {
+        Ok(n) if n > 0 => n,
+        _ => return 1,
+    };
+    if scan.continuing == 0 {
+        scan.scanned += 1;
+        if chunk[0] == b'C' && chunk[1] == b'N' && chunk[2] == b'I' && chunk[3] == b'_' {
+            if starts_with(chunk, b"CNI_COMMAND=") {
+                data.flags |= copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
+                scan.found_command = 1;
+            } else if starts_with(chunk, b"CNI_CONTAINERID=") {
+                data.flags |= cni_flag::HAS_CONTAINER_ID
+                    | copy_value(&mut data.container_id, p + 16, cni_flag::CONTAINER_ID_TRUNCATED);
+            } else if starts_with(chunk, b"CNI_NETNS=") {
+                data.flags |= cni_flag::HAS_NETNS | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
+            } else if starts_with(chunk, b"CNI_IFNAME=") {
+                data.flags |=
+                    cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
+            }
+        }
+    }
+    if n >= ENV_CHUNK {
+        // Cut: the rest of this string follows (the NUL sits at ENV_CHUNK-1).
+        scan.p = p + (ENV_CHUNK - 1) as u64;
+        scan.continuing = 1;
+    } else {
+        scan.p = p + n as u64;
+        scan.continuing = 0;
+    }
+    0
+}
+
 /// tracepoint: sched/sched_process_exec (filename, pid, old_pid)
 #[tracepoint(category = "sched", name = "sched_process_exec")]
 pub fn netreap_cni_exec(ctx: TracePointContext) -> u32 {
@@ -92,9 +150,8 @@ fn try_cni_exec(ctx: &TracePointContext) -> Result<u32, i64> {
     let env_end: u64 = read(mm, off.mm_env_end)?;
 
     let event = EXEC_SCRATCH.get_ptr_mut(0).ok_or(SKIP)?;
-    let chunk = ENV_SCRATCH.get_ptr_mut(0).ok_or(SKIP)?;
-    // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
-    let (event, chunk) = unsafe { (&mut *event, &mut *chunk) };
+    // SAFETY: per-CPU map slot, exclusive to this program run on this CPU.
+    let event = unsafe { &mut *event };
     let data = &mut event.data;
     data.flags = 0;
     data.command[0] = 0;
@@ -103,54 +160,24 @@ fn try_cni_exec(ctx: &TracePointContext) -> Result<u32, i64> {
     data.ifname[0] = 0;
     data.filename[0] = 0;
 
-    let mut found_command = false;
-    let mut p = env_start;
-    let mut continuing = false;
-    let mut scanned = 0u32;
-    let mut i = 0u32;
-    while i < MAX_ENV_STRINGS * 2 {
-        i += 1;
-        if p >= env_end {
-            break;
-        }
-        let Ok(n) = read_user_str(chunk, p) else { break };
-        if n == 0 {
-            break;
-        }
-        if !continuing {
-            scanned += 1;
-            if chunk[0] == b'C' && chunk[1] == b'N' && chunk[2] == b'I' && chunk[3] == b'_' {
-                if starts_with(chunk, b"CNI_COMMAND=") {
-                    data.flags |= copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
-                    found_command = true;
-                } else if starts_with(chunk, b"CNI_CONTAINERID=") {
-                    data.flags |= cni_flag::HAS_CONTAINER_ID
-                        | copy_value(&mut data.container_id, p + 16, cni_flag::CONTAINER_ID_TRUNCATED);
-                } else if starts_with(chunk, b"CNI_NETNS=") {
-                    data.flags |=
-                        cni_flag::HAS_NETNS | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
-                } else if starts_with(chunk, b"CNI_IFNAME=") {
-                    data.flags |=
-                        cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
-                }
-            }
-        }
-        if n >= ENV_CHUNK {
-            // Cut: the rest of this string follows (the NUL sits at ENV_CHUNK-1).
-            p += (ENV_CHUNK - 1) as u64;
-            continuing = true;
-        } else {
-            p += n as u64;
-            continuing = false;
-        }
-        if scanned >= MAX_ENV_STRINGS && !continuing {
-            break;
-        }
+    // bpf_loop (5.17+) keeps the verifier's work to one pass over the body,
+    // where an open-coded loop of this size exceeds its budget.
+    let mut scan = EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0, found_command: 0 };
+    // SAFETY: the callback is a static function; the context lives on this stack.
+    unsafe {
+        bpf_loop(
+            MAX_ENV_STRINGS * 2,
+            scan_env_string as *mut c_void,
+            (&raw mut scan).cast::<c_void>(),
+            0,
+        );
     }
-    if p < env_end {
+    let data = &mut event.data;
+    if scan.p < scan.end {
         data.flags |= cni_flag::ENV_SCAN_LIMIT;
     }
-    data.env_scanned = scanned;
+    data.env_scanned = scan.scanned as u32;
+    let found_command = scan.found_command != 0;
 
     if !found_command || data.command[0] == 0 {
         // Not a CNI plugin run (any more, if this process exec'd again).

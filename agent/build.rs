@@ -1,0 +1,28 @@
+//! Builds the eBPF object with the same builder as `cargo xtask build-ebpf`
+//! (installing rust-src and bpf-linker on first use) and hands its path to
+//! the agent, which embeds it. NETREAP_EBPF_OBJECT=<file> skips the build.
+
+use std::{env, fs, path::PathBuf};
+
+use xtask::{Workspace, ebpf};
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=NETREAP_EBPF_OBJECT");
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let object = if let Some(prebuilt) = env::var_os("NETREAP_EBPF_OBJECT") {
+        PathBuf::from(prebuilt)
+    } else {
+        let ws = Workspace::locate();
+        for path in ebpf::source_paths(&ws) {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
+        match ebpf::build(&ws) {
+            Ok(object) => object,
+            Err(e) => panic!("building the eBPF programs failed: {e}"),
+        }
+    };
+    let dest = out.join("netreap-ebpf.o");
+    if let Err(e) = fs::copy(&object, &dest) {
+        panic!("cannot copy {} to {}: {e}", object.display(), dest.display());
+    }
+}

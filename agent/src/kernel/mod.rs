@@ -1,0 +1,8 @@
+//! Evidence from the kernel's probes: BTF offsets, the probe table and
+//! loader, ring-buffer decoding and the async record stream.
+
+pub mod btf;
+pub mod events;
+pub mod probes;
+pub mod stream;
+pub mod tracefs;

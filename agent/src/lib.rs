@@ -1,0 +1,8 @@
+//! netreap: releases pod IP reservations whose network namespace is gone,
+//! on kernel evidence.
+//!
+//! Data flow, one folder each: `kernel` (eBPF probes) -> `telemetry`
+//! (event stream, logs).
+
+pub mod kernel;
+pub mod telemetry;
