@@ -1,0 +1,282 @@
+//! Real probes in this kernel: namespace creation and CNI plugin runs.
+
+mod support;
+
+use std::{
+    os::unix::{fs::MetadataExt, fs::PermissionsExt},
+    process::Command,
+    time::Duration,
+};
+
+use netreap::kernel::events::{KernelEvent, NetnsVia};
+use support::{kernel_tests_possible, runtime, unique, watch};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn inode_of_pid(pid: i32) -> u64 {
+    std::fs::metadata(format!("/proc/{pid}/ns/net")).expect("process netns").ino()
+}
+
+/// A child made by a raw clone/clone3 with CLONE_NEWNET that waits to be killed.
+struct Child(i32);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // SAFETY: plain syscalls on our own child.
+        unsafe {
+            libc::kill(self.0, libc::SIGKILL);
+            libc::waitpid(self.0, std::ptr::null_mut(), 0);
+        }
+    }
+}
+
+fn park_child() -> ! {
+    // Only async-signal-safe calls in the child of a multithreaded process.
+    loop {
+        // SAFETY: pause has no preconditions.
+        unsafe { libc::pause() };
+    }
+}
+
+fn clone_newnet() -> Child {
+    let flags = (libc::CLONE_NEWNET | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: fork-like clone (no new stack); the child only pauses.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    assert!(pid >= 0, "clone failed: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        park_child();
+    }
+    Child(pid as i32)
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+fn clone3_newnet() -> Child {
+    let args = CloneArgs { flags: libc::CLONE_NEWNET as u64, exit_signal: libc::SIGCHLD as u64, ..Default::default() };
+    // SAFETY: fork-like clone3 (no new stack); the child only pauses.
+    let pid = unsafe { libc::syscall(libc::SYS_clone3, &raw const args, std::mem::size_of::<CloneArgs>()) };
+    assert!(pid >= 0, "clone3 failed: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        park_child();
+    }
+    Child(pid as i32)
+}
+
+#[test]
+fn unshare_reports_the_new_netns_inode() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    runtime().block_on(async {
+        let mut w = watch();
+        let mut child = Command::new("unshare").args(["-n", "sleep", "5"]).spawn().expect("unshare runs");
+        let pid = child.id() as i32;
+        let (event, _) = w.wait_for(WAIT, "unshare netns event", |e| {
+            matches!(e, KernelEvent::NetnsEntered { task, via: NetnsVia::Unshare, .. } if task.tgid == pid as u32)
+        })
+        .await;
+        let expected = inode_of_pid(pid);
+        let _ = child.kill();
+        let _ = child.wait();
+        let KernelEvent::NetnsEntered { netns_inode, previous_netns_inode, task, .. } = event else { unreachable!() };
+        assert_eq!(u64::from(netns_inode), expected, "event inode is /proc/PID/ns/net's inode");
+        assert_eq!(u64::from(previous_netns_inode), netns_inode_of_self(), "came from the host netns");
+        assert_eq!(task.comm, "unshare");
+    });
+}
+
+fn netns_inode_of_self() -> u64 {
+    std::fs::metadata("/proc/self/ns/net").expect("own netns").ino()
+}
+
+#[test]
+fn clone_with_newnet_reports_the_childs_netns() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    runtime().block_on(async {
+        let mut w = watch();
+        let child = clone_newnet();
+        let (event, _) = w.wait_for(WAIT, "clone netns event", |e| {
+            matches!(e, KernelEvent::NetnsEntered { task, via: NetnsVia::Clone, .. } if task.pid == child.0 as u32)
+        })
+        .await;
+        let KernelEvent::NetnsEntered { netns_inode, .. } = event else { unreachable!() };
+        assert_eq!(u64::from(netns_inode), inode_of_pid(child.0));
+        assert_ne!(u64::from(netns_inode), netns_inode_of_self());
+    });
+}
+
+#[test]
+fn clone3_with_newnet_reports_the_childs_netns() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    runtime().block_on(async {
+        let mut w = watch();
+        let child = clone3_newnet();
+        let (event, _) = w.wait_for(WAIT, "clone3 netns event", |e| {
+            matches!(e, KernelEvent::NetnsEntered { task, via: NetnsVia::Clone3, .. } if task.pid == child.0 as u32)
+        })
+        .await;
+        let KernelEvent::NetnsEntered { netns_inode, .. } = event else { unreachable!() };
+        assert_eq!(u64::from(netns_inode), inode_of_pid(child.0));
+    });
+}
+
+#[test]
+fn setns_reports_only_a_real_change() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let ns = unique("nrps");
+    assert!(Command::new("ip").args(["netns", "add", &ns]).status().expect("ip runs").success());
+    let cleanup = scopeguard(&ns);
+    runtime().block_on(async {
+        let mut w = watch();
+        // nsenter into the host's own netns: setns succeeds but nothing changes.
+        let same = Command::new("nsenter").args(["--net=/proc/1/ns/net", "true"]).spawn().expect("nsenter");
+        let same_pid = same.id();
+        let mut out = Command::new("ip").args(["netns", "exec", &ns, "sleep", "0.2"]).spawn().expect("ip netns exec");
+        let pid = out.id();
+        let (event, seen) = w.wait_for(WAIT, "setns event", |e| {
+            matches!(e, KernelEvent::NetnsEntered { task, via: NetnsVia::Setns, .. } if task.tgid == pid)
+        })
+        .await;
+        let _ = out.wait();
+        let inode = std::fs::metadata(format!("/run/netns/{ns}")).expect("bind mount").ino();
+        let KernelEvent::NetnsEntered { netns_inode, .. } = event else { unreachable!() };
+        assert_eq!(u64::from(netns_inode), inode);
+        assert!(
+            !seen.iter().any(|e| matches!(e, KernelEvent::NetnsEntered { task, .. } if task.tgid == same_pid)),
+            "setns into the same netns must not be reported"
+        );
+    });
+    drop(cleanup);
+}
+
+/// Removes a named netns when dropped, even if the test failed.
+struct NetnsGuard(String);
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+fn scopeguard(ns: &str) -> NetnsGuard {
+    NetnsGuard(ns.to_owned())
+}
+
+/// A fake CNI plugin: a script that exits with $FAKE_EXIT.
+fn fake_plugin(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("fake-cni");
+    std::fs::write(&path, "#!/bin/sh\nexit ${FAKE_EXIT:-0}\n").expect("write plugin");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    path
+}
+
+fn run_plugin(plugin: &std::path::Path, command: &str, container: &str, netns: &str, exit: i32) -> u32 {
+    let mut child = Command::new(plugin)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env("FAKE_EXIT", exit.to_string())
+        .spawn()
+        .expect("plugin runs");
+    let pid = child.id();
+    let status = child.wait().expect("plugin exits");
+    assert_eq!(status.code(), Some(exit));
+    pid
+}
+
+#[test]
+fn cni_plugin_runs_report_exec_and_exit() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = fake_plugin(dir.path());
+    let container = unique("ctr");
+    let netns = format!("/var/run/netns/{}", unique("nrcni"));
+    runtime().block_on(async {
+        let mut w = watch();
+        for (command, exit) in [("ADD", 0), ("DEL", 7)] {
+            let pid = run_plugin(&plugin, command, &container, &netns, exit);
+            let (exec, _) = w.wait_for(WAIT, "cni exec", |e| {
+                matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid)
+            })
+            .await;
+            let KernelEvent::CniExec { exec, .. } = exec else { unreachable!() };
+            assert_eq!(exec.command.value, command);
+            assert_eq!(exec.binary.value, plugin.to_string_lossy());
+            assert_eq!(exec.container_id.expect("container id").value, container);
+            assert_eq!(exec.netns.expect("netns").value, netns);
+            assert_eq!(exec.ifname.expect("ifname").value, "eth0");
+            let (exit_event, _) = w.wait_for(WAIT, "cni exit", |e| {
+                matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == pid)
+            })
+            .await;
+            let KernelEvent::CniExit { exit: status, .. } = exit_event else { unreachable!() };
+            assert_eq!(status.exit_code, Some(exit), "{command} exit code");
+        }
+    });
+}
+
+#[test]
+fn non_cni_processes_are_filtered_in_the_kernel_and_long_values_are_flagged() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = fake_plugin(dir.path());
+    runtime().block_on(async {
+        let mut w = watch();
+        // Same binary, no CNI_COMMAND: must produce nothing.
+        let mut plain = Command::new(&plugin).env_clear().env("FAKE_EXIT", "0").spawn().expect("runs");
+        let plain_pid = plain.id();
+        plain.wait().expect("exits");
+        // A long unrelated variable first (read in several chunks), then a
+        // container id longer than the kernel's buffer.
+        let long_id = "c".repeat(300);
+        let mut cni = Command::new(&plugin)
+            .env_clear()
+            .env("AAA_FILLER", "x".repeat(1000))
+            .env("CNI_COMMAND", "CHECK")
+            .env("CNI_CONTAINERID", &long_id)
+            .spawn()
+            .expect("runs");
+        let pid = cni.id();
+        cni.wait().expect("exits");
+        let (event, seen) = w.wait_for(WAIT, "cni exec", |e| {
+            matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid)
+        })
+        .await;
+        assert!(
+            !seen.iter().any(|e| e.task().tgid == plain_pid),
+            "a process without CNI_COMMAND must produce no event"
+        );
+        let KernelEvent::CniExec { exec, .. } = event else { unreachable!() };
+        assert_eq!(exec.command.value, "CHECK");
+        let id = exec.container_id.expect("container id present");
+        assert!(id.truncated, "a 300-byte id does not fit: flagged");
+        assert!(long_id.starts_with(&id.value) && !id.value.is_empty(), "prefix kept");
+        assert!(exec.netns.is_none(), "absent CNI_NETNS is None, not empty");
+    });
+}

@@ -1,0 +1,74 @@
+//! Helpers shared by the kernel-facing integration tests.
+#![allow(dead_code, reason = "each test binary uses a subset")]
+
+use std::time::{Duration, Instant};
+
+use netreap::kernel::{events::KernelEvent, probes::Probes, stream::KernelStream};
+
+/// Kernel tests need root and BTF; on these machines CI is root, so they run.
+/// Elsewhere they say why they skip.
+pub fn kernel_tests_possible() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skip: needs root (CAP_BPF, CAP_SYS_ADMIN) to load eBPF probes");
+        return false;
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        eprintln!("skip: kernel has no BTF (/sys/kernel/btf/vmlinux)");
+        return false;
+    }
+    true
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime")
+}
+
+/// Loaded probes and their stream; keep `probes` alive while reading.
+pub struct Watch {
+    pub probes: Probes,
+    pub stream: KernelStream,
+    /// Events read but not yet looked at (a batch may hold several).
+    pending: std::collections::VecDeque<KernelEvent>,
+}
+
+pub fn watch() -> Watch {
+    let mut probes = Probes::load().expect("probes load on this kernel");
+    let stream = KernelStream::new(&mut probes).expect("ring buffer stream");
+    Watch { probes, stream, pending: std::collections::VecDeque::new() }
+}
+
+impl Watch {
+    /// Reads events until `pred` matches one (returned with those skipped
+    /// before it) or `timeout` passes (panics with what was seen).
+    pub async fn wait_for(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        mut pred: impl FnMut(&KernelEvent) -> bool,
+    ) -> (KernelEvent, Vec<KernelEvent>) {
+        let deadline = Instant::now() + timeout;
+        let mut seen = Vec::new();
+        loop {
+            while let Some(event) = self.pending.pop_front() {
+                if pred(&event) {
+                    return (event, seen);
+                }
+                seen.push(event);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            let batch = match tokio::time::timeout(left, self.stream.next_batch()).await {
+                Ok(batch) => batch.expect("ring buffer readable"),
+                Err(_) => panic!("timed out waiting for {what}; saw {} events: {seen:#?}", seen.len()),
+            };
+            self.pending.extend(batch.into_iter().map(|r| r.expect("kernel records decode")));
+        }
+    }
+}
+
+/// A unique name for links and namespaces this test run creates.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}{}x{}", std::process::id() % 100_000, N.fetch_add(1, Ordering::Relaxed))
+}
