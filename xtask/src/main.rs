@@ -2,7 +2,9 @@
 
 use std::process::ExitCode;
 
-use xtask::{Workspace, ebpf, toolchain};
+use std::process::Command;
+
+use xtask::{BuildError, Workspace, ebpf, system, toolchain};
 
 const USAGE: &str = "\
 usage: cargo xtask <command>
@@ -10,6 +12,8 @@ usage: cargo xtask <command>
 commands:
   build-ebpf      build the eBPF object (installs rust-src and bpf-linker when missing)
   install-tools   only install rust-src for nightly and build bpf-linker into target/tools
+  test            install what the tests need (apt packages, eBPF toolchain), then run
+                  every test of the workspace (as root: kernel tests load real probes)
 ";
 
 fn main() -> ExitCode {
@@ -23,6 +27,7 @@ fn main() -> ExitCode {
             println!("{}", linker.display());
             Ok(())
         }),
+        Some("test") => test(&ws, &args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -39,4 +44,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `cargo xtask test [-- cargo test args]`: the README's test command.
+fn test(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
+    system::ensure_packages()?;
+    let info = toolchain::NightlyInfo::query()?;
+    toolchain::ensure_rust_src(&info)?;
+    toolchain::ensure_bpf_linker(ws, &info)?;
+    toolchain::run(Command::new("cargo").current_dir(&ws.root).args(["test"]).args(extra))
 }
