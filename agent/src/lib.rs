@@ -5,4 +5,5 @@
 //! (event stream, logs).
 
 pub mod kernel;
+pub mod ledger;
 pub mod telemetry;

@@ -1,0 +1,353 @@
+//! The attachment ledger: container ID <-> netns <-> CNI operations, built
+//! from the kernel's record of every CNI plugin run. It binds a container to
+//! its netns even when ADD failed (no CNI cache is written then), and tells
+//! an ADD in flight from a leak.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::SystemTime,
+};
+
+use serde::Serialize;
+
+use crate::kernel::events::{CniExit, KernelEvent};
+
+/// Operations kept per container (the oldest are dropped first).
+const MAX_OPS_PER_CONTAINER: usize = 32;
+/// Containers kept; the least recently seen go first.
+const MAX_CONTAINERS: usize = 65_536;
+
+/// One run of one CNI plugin binary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CniOperation {
+    /// ADD, DEL, CHECK, GC, VERSION, STATUS.
+    pub command: String,
+    /// The plugin binary's path.
+    pub plugin: String,
+    pub pid: u32,
+    pub started_at: SystemTime,
+    pub started_ktime_ns: u64,
+    pub finished_at: Option<SystemTime>,
+    /// None while in flight, or when the exit was never seen.
+    pub exit: Option<CniExit>,
+    /// The exit was not observed (lost record or agent restart); the process
+    /// was found gone.
+    pub exit_unobserved: bool,
+    pub ifname: Option<String>,
+    pub netns_path: Option<String>,
+    /// A value was longer than the kernel's buffer.
+    pub truncated: bool,
+}
+
+impl CniOperation {
+    #[must_use]
+    pub fn in_flight(&self) -> bool {
+        self.finished_at.is_none()
+    }
+
+    #[must_use]
+    pub fn result(&self) -> &'static str {
+        match (&self.exit, self.exit_unobserved) {
+            (None, false) => "in_flight",
+            (None, true) => "unknown",
+            (Some(e), _) if e.succeeded() => "success",
+            (Some(_), _) => "failure",
+        }
+    }
+}
+
+/// What the ledger knows about one container ID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Attachment {
+    pub container_id: String,
+    /// CNI_NETNS of the latest operation that named one.
+    pub netns_path: Option<String>,
+    /// Inode of that netns, resolved when the operation started (0 = unknown).
+    pub netns_inode: Option<u64>,
+    pub ifnames: Vec<String>,
+    pub operations: Vec<CniOperation>,
+    pub first_seen: SystemTime,
+    pub last_seen: SystemTime,
+}
+
+impl Attachment {
+    /// Some CNI operation of this container is running now.
+    #[must_use]
+    pub fn in_flight(&self) -> bool {
+        self.operations.iter().any(CniOperation::in_flight)
+    }
+
+    /// The last ADD that finished, and whether it succeeded.
+    #[must_use]
+    pub fn last_finished(&self, command: &str) -> Option<&CniOperation> {
+        self.operations.iter().rev().find(|op| op.command == command && !op.in_flight())
+    }
+}
+
+/// Resolves a CNI_NETNS path to its netns inode (stat), when it exists.
+pub trait NetnsResolver {
+    fn inode_of(&self, path: &str) -> Option<u64>;
+}
+
+/// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net.
+pub struct StatResolver;
+
+impl NetnsResolver for StatResolver {
+    fn inode_of(&self, path: &str) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(path).ok().map(|m| m.ino())
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Ledger {
+    by_container: HashMap<String, Attachment>,
+    /// Running plugin processes -> their container.
+    running: HashMap<u32, String>,
+}
+
+impl Ledger {
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Folds one kernel event in. `wall` converts its monotonic time.
+    pub fn observe(
+        &mut self,
+        event: &KernelEvent,
+        wall: impl Fn(u64) -> SystemTime,
+        resolver: &impl NetnsResolver,
+    ) -> Option<&Attachment> {
+        match event {
+            KernelEvent::CniExec { task, exec } => {
+                let container_id = exec.container_id.as_ref()?.value.clone();
+                if container_id.is_empty() {
+                    return None;
+                }
+                let at = wall(task.ktime_ns);
+                let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
+                let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p));
+                let ifname = exec.ifname.as_ref().map(|v| v.value.clone()).filter(|i| !i.is_empty());
+                let truncated = exec.command.truncated
+                    || exec.container_id.as_ref().is_some_and(|v| v.truncated)
+                    || exec.netns.as_ref().is_some_and(|v| v.truncated)
+                    || exec.ifname.as_ref().is_some_and(|v| v.truncated);
+                self.evict_if_full();
+                let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| Attachment {
+                    container_id: container_id.clone(),
+                    netns_path: None,
+                    netns_inode: None,
+                    ifnames: Vec::new(),
+                    operations: Vec::new(),
+                    first_seen: at,
+                    last_seen: at,
+                });
+                entry.last_seen = at;
+                if let Some(path) = &netns_path {
+                    // A DEL after the netns is gone cannot be resolved:
+                    // keep the inode learned while it was alive.
+                    if netns_inode.is_some() || entry.netns_path.as_deref() != Some(path) {
+                        entry.netns_inode = netns_inode;
+                    }
+                    entry.netns_path = Some(path.clone());
+                }
+                if let Some(ifname) = &ifname {
+                    if !entry.ifnames.contains(ifname) {
+                        entry.ifnames.push(ifname.clone());
+                    }
+                }
+                // A process exec'ing a second CNI binary (a plugin delegating
+                // to IPAM by exec, rare) finishes its first operation.
+                if let Some(previous) = self.running.insert(task.tgid, container_id.clone()) {
+                    if let Some(prev) = self.by_container.get_mut(&previous) {
+                        finish(prev, task.tgid, at, None, true);
+                    }
+                }
+                let entry = self.by_container.get_mut(&container_id)?;
+                entry.operations.push(CniOperation {
+                    command: exec.command.value.clone(),
+                    plugin: exec.binary.value.clone(),
+                    pid: task.tgid,
+                    started_at: at,
+                    started_ktime_ns: task.ktime_ns,
+                    finished_at: None,
+                    exit: None,
+                    exit_unobserved: false,
+                    ifname,
+                    netns_path,
+                    truncated,
+                });
+                if entry.operations.len() > MAX_OPS_PER_CONTAINER {
+                    let excess = entry.operations.len() - MAX_OPS_PER_CONTAINER;
+                    entry.operations.drain(..excess);
+                }
+                Some(entry)
+            }
+            KernelEvent::CniExit { task, exit } => {
+                let container_id = self.running.remove(&task.tgid)?;
+                let entry = self.by_container.get_mut(&container_id)?;
+                finish(entry, task.tgid, wall(task.ktime_ns), Some(exit.clone()), false);
+                Some(entry)
+            }
+            _ => None,
+        }
+    }
+
+    /// Closes operations whose process is gone although no exit was seen
+    /// (a dropped record, or an agent restart); `alive(pid)` checks /proc.
+    pub fn reap_vanished(&mut self, now: SystemTime, alive: impl Fn(u32) -> bool) -> usize {
+        let gone: Vec<(u32, String)> =
+            self.running.iter().filter(|(pid, _)| !alive(**pid)).map(|(p, c)| (*p, c.clone())).collect();
+        for (pid, container) in &gone {
+            self.running.remove(pid);
+            if let Some(entry) = self.by_container.get_mut(container) {
+                finish(entry, *pid, now, None, true);
+            }
+        }
+        gone.len()
+    }
+
+    #[must_use]
+    pub fn get(&self, container_id: &str) -> Option<&Attachment> {
+        self.by_container.get(container_id)
+    }
+
+    pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
+        self.by_container.values()
+    }
+
+    /// Every attachment, sorted by container ID (for display and JSON).
+    #[must_use]
+    pub fn snapshot(&self) -> Vec<Attachment> {
+        let sorted: BTreeMap<&String, &Attachment> = self.by_container.iter().collect();
+        sorted.into_values().cloned().collect()
+    }
+
+    fn evict_if_full(&mut self) {
+        if self.by_container.len() < MAX_CONTAINERS {
+            return;
+        }
+        // Evict the least recently seen container that has nothing in flight.
+        let victim = self
+            .by_container
+            .values()
+            .filter(|a| !a.in_flight())
+            .min_by_key(|a| a.last_seen)
+            .map(|a| a.container_id.clone());
+        if let Some(victim) = victim {
+            self.by_container.remove(&victim);
+        }
+    }
+}
+
+fn finish(entry: &mut Attachment, pid: u32, at: SystemTime, exit: Option<CniExit>, unobserved: bool) {
+    if let Some(op) = entry.operations.iter_mut().rev().find(|op| op.pid == pid && op.in_flight()) {
+        op.finished_at = Some(at);
+        op.exit = exit;
+        op.exit_unobserved = unobserved;
+    }
+    entry.last_seen = entry.last_seen.max(at);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::kernel::events::{CniExec, CniValue, Task};
+
+    struct FixedResolver(Option<u64>);
+    impl NetnsResolver for FixedResolver {
+        fn inode_of(&self, _: &str) -> Option<u64> {
+            self.0
+        }
+    }
+
+    fn wall(ns: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(ns)
+    }
+
+    fn v(s: &str) -> CniValue {
+        CniValue { value: s.into(), truncated: false }
+    }
+
+    fn task(pid: u32, t: u64) -> Task {
+        Task { ktime_ns: t, pid, tgid: pid, comm: "bridge".into(), cgroup_id: 1 }
+    }
+
+    fn exec(pid: u32, t: u64, command: &str, container: &str) -> KernelEvent {
+        KernelEvent::CniExec {
+            task: task(pid, t),
+            exec: CniExec {
+                binary: v("/usr/lib/cni/bridge"),
+                command: v(command),
+                container_id: Some(v(container)),
+                netns: Some(v("/var/run/netns/cni-1")),
+                ifname: Some(v("eth0")),
+                env_scan_limited: false,
+            },
+        }
+    }
+
+    fn exit(pid: u32, t: u64, code: u32) -> KernelEvent {
+        KernelEvent::CniExit { task: task(pid, t), exit: CniExit::from_wait_status(code << 8) }
+    }
+
+    #[test]
+    fn exec_then_exit_records_a_finished_operation() {
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        let a = l.get("c1").unwrap();
+        assert!(a.in_flight());
+        assert_eq!(a.netns_inode, Some(77));
+        l.observe(&exit(10, 2, 1), wall, &FixedResolver(None));
+        let a = l.get("c1").unwrap();
+        assert!(!a.in_flight());
+        assert_eq!(a.operations[0].result(), "failure");
+        assert_eq!(a.last_finished("ADD").unwrap().exit.as_ref().unwrap().exit_code, Some(1));
+    }
+
+    #[test]
+    fn a_del_after_the_netns_is_gone_keeps_the_inode_learned_earlier() {
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        l.observe(&exit(10, 2, 0), wall, &FixedResolver(None));
+        l.observe(&exec(11, 3, "DEL", "c1"), wall, &FixedResolver(None));
+        assert_eq!(l.get("c1").unwrap().netns_inode, Some(77));
+        assert_eq!(l.get("c1").unwrap().operations.len(), 2);
+    }
+
+    #[test]
+    fn vanished_processes_close_their_operation_as_unknown() {
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        assert_eq!(l.reap_vanished(wall(5), |_| true), 0);
+        assert!(l.get("c1").unwrap().in_flight());
+        assert_eq!(l.reap_vanished(wall(5), |_| false), 1);
+        let op = &l.get("c1").unwrap().operations[0];
+        assert_eq!(op.result(), "unknown");
+        assert!(!op.in_flight());
+    }
+
+    #[test]
+    fn exits_of_unknown_processes_and_execs_without_container_are_ignored() {
+        let mut l = Ledger::new();
+        assert!(l.observe(&exit(99, 1, 0), wall, &FixedResolver(None)).is_none());
+        let KernelEvent::CniExec { task, mut exec } = exec(10, 1, "VERSION", "") else { unreachable!() };
+        exec.container_id = None;
+        assert!(l.observe(&KernelEvent::CniExec { task, exec }, wall, &FixedResolver(None)).is_none());
+        assert!(l.snapshot().is_empty());
+    }
+
+    #[test]
+    fn operations_per_container_are_bounded() {
+        let mut l = Ledger::new();
+        for i in 0..100u32 {
+            l.observe(&exec(1000 + i, u64::from(i) * 2, "CHECK", "c1"), wall, &FixedResolver(None));
+            l.observe(&exit(1000 + i, u64::from(i) * 2 + 1, 0), wall, &FixedResolver(None));
+        }
+        assert_eq!(l.get("c1").unwrap().operations.len(), MAX_OPS_PER_CONTAINER);
+        assert_eq!(l.get("c1").unwrap().operations.last().unwrap().pid, 1099);
+    }
+}
