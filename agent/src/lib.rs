@@ -4,6 +4,7 @@
 //! Data flow, one folder each: `kernel` (eBPF probes) -> `telemetry`
 //! (event stream, logs).
 
+pub mod cnirt;
 pub mod kernel;
 pub mod ledger;
 pub mod telemetry;
