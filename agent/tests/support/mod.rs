@@ -1,6 +1,8 @@
 //! Helpers shared by the kernel-facing integration tests.
 #![allow(dead_code, reason = "each test binary uses a subset")]
 
+pub mod lab;
+
 use std::time::{Duration, Instant};
 
 use netreap::kernel::{events::KernelEvent, probes::Probes, stream::KernelStream};
