@@ -5,6 +5,7 @@
 //! (event stream, logs).
 
 pub mod cnirt;
+pub mod config;
 pub mod kernel;
 pub mod ledger;
 pub mod telemetry;

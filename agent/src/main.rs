@@ -27,6 +27,8 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Report which probes load on this kernel, and why the others do not.
     Probes(cli::probes::ProbesArgs),
+    /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
+    Config(cli::config::ConfigArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cli::run::main(args),
         Command::Probes(args) => cli::probes::main(&args),
+        Command::Config(args) => cli::config::main(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

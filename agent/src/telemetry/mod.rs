@@ -1,5 +1,8 @@
-//! What netreap tells the world: the JSON event stream and logs.
+//! What netreap tells the world: the JSON event stream, logs, metrics and
+//! the HTTP endpoints (health, readiness, state).
 
 pub mod clock;
+pub mod http;
 pub mod logging;
+pub mod metrics;
 pub mod stream;

@@ -1,0 +1,218 @@
+//! The decision rule of DESIGN.md, as a pure function of (observations,
+//! reservation, now, policy).
+//!
+//! IN USE if: its IP is configured in a live netns; its container is bound
+//! to a live netns; a CNI operation for its container is in flight (pending);
+//! the runtime lists its sandbox; it is younger than the in-flight grace
+//! (pending). ORPHANED only when none holds and either its bound netns was
+//! seen to die, or (never seen bound) it is older than the orphan grace and
+//! its IP is in no live netns. An IP configured in a live netns of another
+//! container while the owner is dead is a CONFLICT: reported, never released.
+
+use std::time::{Duration, SystemTime};
+
+use super::{
+    observations::{DeadNetns, LiveNetns, NetnsRef, Observations, same_netns_path},
+    policy::Policy,
+    verdict::{Fact, Status, Verdict, Via},
+};
+use crate::ipam::Reservation;
+
+/// One verdict per reservation, in the same order.
+#[must_use]
+pub fn decide(obs: &Observations, reservations: &[Reservation], now: SystemTime, policy: &Policy) -> Vec<Verdict> {
+    reservations.iter().map(|r| decide_one(obs, r, now, policy)).collect()
+}
+
+/// Where a container's netns stands, from one piece of evidence.
+enum Link<'a> {
+    Live(&'a LiveNetns, Via),
+    Dead(&'a DeadNetns, Via),
+    /// Bound to something neither known live nor seen to die.
+    Unresolved(Fact, SystemTime),
+}
+
+fn live_matching<'a>(obs: &'a Observations, netns: &NetnsRef) -> Option<&'a LiveNetns> {
+    obs.live.iter().find(|n| match netns {
+        NetnsRef::Id(id) => n.id.may_be(id),
+        NetnsRef::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
+    })
+}
+
+/// A dead netns is this binding's only if the binding was seen before the
+/// death: after it, the inode or path may name a newer netns.
+fn dead_matching<'a>(obs: &'a Observations, netns: &NetnsRef, seen_at: SystemTime) -> Option<&'a DeadNetns> {
+    obs.dead.iter().find(|d| {
+        seen_at <= d.died_at
+            && match netns {
+                NetnsRef::Id(id) => d.id.may_be(id),
+                NetnsRef::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
+            }
+    })
+}
+
+/// Every netns the reservation's container is known to be tied to.
+fn links<'a>(obs: &'a Observations, r: &Reservation) -> Vec<Link<'a>> {
+    let cid = r.container_id.as_str();
+    let mut out = Vec::new();
+    for b in obs.bindings.iter().filter(|b| b.container_id == cid) {
+        let via = Via::Binding { source: b.source, netns: b.netns.clone() };
+        if let Some(live) = live_matching(obs, &b.netns) {
+            out.push(Link::Live(live, via));
+        } else if let Some(dead) = dead_matching(obs, &b.netns, b.seen_at) {
+            out.push(Link::Dead(dead, via));
+        } else {
+            let fact = Fact::UnresolvedBinding { netns: b.netns.clone(), source: b.source, seen_at: b.seen_at };
+            out.push(Link::Unresolved(fact, b.seen_at));
+        }
+    }
+    for live in obs.live.iter().filter(|n| n.container_ids.iter().any(|c| c == cid)) {
+        out.push(Link::Live(live, Via::Model));
+    }
+    for dead in &obs.dead {
+        if dead.container_ids.iter().any(|c| c == cid) {
+            out.push(Link::Dead(dead, Via::Model));
+        } else if dead.container_ids.is_empty() && dead.addresses.contains(&r.ip) && dead.died_at >= r.created_at {
+            // Held this reservation's IP after it was made and belonged to
+            // no other known container: the reservation's netns.
+            out.push(Link::Dead(dead, Via::Address));
+        }
+    }
+    out
+}
+
+/// Decides one reservation.
+#[must_use]
+pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: &Policy) -> Verdict {
+    // A file stamped in the future (clock step) counts as brand new.
+    let age = now.duration_since(r.created_at).unwrap_or(Duration::ZERO);
+    let cid = r.container_id.as_str();
+
+    // Reasons that show the owner alive: any one keeps the reservation.
+    let mut in_use = Vec::new();
+    let mut pending = Vec::new();
+    // The IP is live somewhere not known to be the owner's.
+    let mut ip_elsewhere = Vec::new();
+    let mut ip_with_another_container = false;
+
+    for n in obs.live.iter().filter(|n| n.addresses.contains(&r.ip)) {
+        if n.container_ids.iter().any(|c| c == cid) {
+            in_use.push(Fact::IpInOwnLiveNetns { netns: n.id, paths: n.paths.clone() });
+        } else {
+            ip_with_another_container |= !n.container_ids.is_empty();
+            ip_elsewhere.push(Fact::IpInOtherLiveNetns {
+                netns: n.id,
+                containers: n.container_ids.clone(),
+                paths: n.paths.clone(),
+            });
+        }
+    }
+
+    let links = links(obs, r);
+    let mut dead = Vec::new();
+    let mut unresolved = Vec::new();
+    for link in links {
+        match link {
+            Link::Live(n, via) => in_use.push(Fact::BoundToLiveNetns { netns: n.id, via }),
+            Link::Dead(d, via) => dead.push(Fact::BoundNetnsDied { netns: d.id, died_at: d.died_at, via }),
+            Link::Unresolved(fact, seen_at) => unresolved.push((fact, seen_at)),
+        }
+    }
+
+    for op in obs.cni_ops.iter().filter(|op| op.in_flight() && op.may_concern(cid)) {
+        pending.push(Fact::CniOpInFlight {
+            container_id: op.container_id.clone(),
+            command: op.command.clone(),
+            plugin: op.plugin.clone(),
+            started_at: op.started_at,
+        });
+    }
+    if let Some(sandboxes) = &obs.runtime_sandboxes
+        && sandboxes.iter().any(|s| s == cid)
+    {
+        in_use.push(Fact::RuntimeListsSandbox);
+    }
+    if let Some(pods) = &obs.api_pods {
+        for pod in pods.iter().filter(|p| p.ips.contains(&r.ip)) {
+            in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
+        }
+    }
+    if age < policy.in_flight_grace {
+        pending.push(Fact::Young { age, grace: policy.in_flight_grace });
+    }
+
+    if !in_use.is_empty() {
+        in_use.extend(pending);
+        in_use.extend(ip_elsewhere);
+        return Verdict::new(r, Status::InUse, in_use);
+    }
+
+    // Is the owner dead? Seen to die beats age: every netns it was tied to
+    // died and none is unaccounted for.
+    let died = !dead.is_empty() && unresolved.is_empty();
+    let past_grace = age >= policy.orphan_grace
+        && unresolved
+            .iter()
+            .all(|(_, seen_at)| now.duration_since(*seen_at).unwrap_or(Duration::ZERO) >= policy.orphan_grace);
+    let owner_dead = pending.is_empty() && (died || past_grace);
+
+    if !ip_elsewhere.is_empty() {
+        // The address lives in a netns not known to be the owner's. With the
+        // owner dead (its own netns seen to die, or it never had one and
+        // another container's netns holds the IP), that is a duplicate IP.
+        let conflict = owner_dead && (died || ip_with_another_container);
+        let mut facts = ip_elsewhere;
+        if conflict {
+            facts.extend(death_facts(died, dead, unresolved, age, policy));
+            return Verdict::new(r, Status::Conflict, facts);
+        }
+        facts.extend(pending);
+        facts.extend(dead);
+        facts.extend(unresolved.into_iter().map(|(f, _)| f));
+        return Verdict::new(r, Status::InUse, facts);
+    }
+
+    if !pending.is_empty() {
+        pending.extend(dead);
+        return Verdict::new(r, Status::Pending, pending);
+    }
+
+    if !owner_dead {
+        let mut facts: Vec<Fact> = unresolved.into_iter().map(|(f, _)| f).collect();
+        facts.push(Fact::AwaitingOrphanGrace { age, grace: policy.orphan_grace });
+        facts.extend(dead);
+        return Verdict::new(r, Status::Pending, facts);
+    }
+
+    let mut facts = death_facts(died, dead, unresolved, age, policy);
+    facts.push(Fact::IpInNoLiveNetns);
+    facts.push(Fact::NoCniOpInFlight);
+    match &obs.runtime_sandboxes {
+        Some(_) => facts.push(Fact::RuntimeDoesNotListSandbox),
+        None => facts.push(Fact::SourceUnavailable { source: "runtime sandbox list".into() }),
+    }
+    if obs.api_pods.is_none() {
+        facts.push(Fact::SourceUnavailable { source: "Kubernetes API pod list".into() });
+    }
+    Verdict::new(r, Status::Orphaned, facts)
+}
+
+/// Why the owner counts as dead: the deaths seen, or the grace that passed.
+fn death_facts(
+    died: bool,
+    dead: Vec<Fact>,
+    unresolved: Vec<(Fact, SystemTime)>,
+    age: Duration,
+    policy: &Policy,
+) -> Vec<Fact> {
+    if died {
+        return dead;
+    }
+    if dead.is_empty() && unresolved.is_empty() {
+        return vec![Fact::NeverSeenBound { age, grace: policy.orphan_grace }];
+    }
+    let mut facts = vec![Fact::NoLiveBindingPastGrace { age, grace: policy.orphan_grace }];
+    facts.extend(unresolved.into_iter().map(|(f, _)| f));
+    facts.extend(dead);
+    facts
+}

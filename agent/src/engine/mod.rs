@@ -1,0 +1,18 @@
+//! The pure decision engine: (observations, reservations, now, policy) ->
+//! one verdict per reservation, each with the evidence that decided it. No
+//! I/O and no clock here, so every rule can be tested exhaustively.
+
+pub mod decide;
+pub mod observations;
+pub mod policy;
+pub mod report;
+pub mod verdict;
+
+#[cfg(test)]
+mod tests;
+
+pub use decide::{decide, decide_one};
+pub use observations::{ApiPod, Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations};
+pub use policy::{DEFAULT_IN_FLIGHT_GRACE, DEFAULT_ORPHAN_GRACE, Policy};
+pub use report::{NetworkTotals, ScanReport, Sources};
+pub use verdict::{Evidence, Fact, Status, Verdict, Via};

@@ -1,0 +1,261 @@
+//! The engine's inputs: what netreap knows about the node at one instant.
+//! The caller maps its live model (netns, addresses), the attachment ledger
+//! (CNI runs) and optional runtime/API lists onto these plain types; the
+//! engine never looks anywhere else.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ipam::{cnicache::CachedAttachment, timefmt};
+
+/// A netns identity. The inode (ns.inum) is reused after a netns dies, so
+/// the nsid netreap assigned in the host netns tells two lives apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct NetnsId {
+    pub inode: u64,
+    /// None when no nsid is known (yet).
+    pub nsid: Option<i32>,
+}
+
+impl NetnsId {
+    /// Whether both may name the same netns: same inode, and nsids equal
+    /// when both are known. Unknown nsids match (keeping is the safe side
+    /// when this decides "alive"; death needs a time check as well).
+    #[must_use]
+    pub fn may_be(&self, other: &NetnsId) -> bool {
+        self.inode == other.inode
+            && match (self.nsid, other.nsid) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            }
+    }
+}
+
+impl std::fmt::Display for NetnsId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.nsid {
+            Some(nsid) => write!(f, "net:[{}] nsid {nsid}", self.inode),
+            None => write!(f, "net:[{}]", self.inode),
+        }
+    }
+}
+
+/// A netns that exists now.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LiveNetns {
+    pub id: NetnsId,
+    /// Container IDs bound to it (CNI runs that named it, cache entries).
+    pub container_ids: Vec<String>,
+    /// Addresses configured on its interfaces.
+    pub addresses: Vec<IpAddr>,
+    /// Bind mounts and other paths naming it (e.g. /run/netns/cni-...).
+    pub paths: Vec<PathBuf>,
+}
+
+/// A netns whose death was observed (`RTM_DELNSID`, `__put_net`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadNetns {
+    pub id: NetnsId,
+    #[serde(with = "timefmt::rfc3339")]
+    pub died_at: SystemTime,
+    /// Container IDs that were bound to it.
+    pub container_ids: Vec<String>,
+    /// Addresses it held before it died.
+    pub addresses: Vec<IpAddr>,
+    /// Paths that named it.
+    pub paths: Vec<PathBuf>,
+}
+
+impl Default for DeadNetns {
+    fn default() -> Self {
+        Self {
+            id: NetnsId::default(),
+            died_at: SystemTime::UNIX_EPOCH,
+            container_ids: Vec::new(),
+            addresses: Vec::new(),
+            paths: Vec::new(),
+        }
+    }
+}
+
+/// How a binding names its netns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetnsRef {
+    /// Resolved when it was seen (stat of `CNI_NETNS` while the netns lived).
+    Id(NetnsId),
+    /// Only a path (`CNI_NETNS`, the cache's `netns`), matched against the
+    /// paths of live and dead netns.
+    Path(PathBuf),
+}
+
+impl std::fmt::Display for NetnsRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Id(id) => id.fmt(f),
+            Self::Path(p) => p.display().fmt(f),
+        }
+    }
+}
+
+/// Where a binding was learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BindingSource {
+    /// `CNI_NETNS` of a CNI plugin run (kernel exec record).
+    CniExec,
+    /// libcni's result cache.
+    CniCache,
+    /// The container runtime.
+    Runtime,
+}
+
+impl std::fmt::Display for BindingSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::CniExec => "CNI run",
+            Self::CniCache => "CNI cache",
+            Self::Runtime => "runtime",
+        })
+    }
+}
+
+/// "Container X was given netns N", seen at some time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Binding {
+    pub container_id: String,
+    pub netns: NetnsRef,
+    pub source: BindingSource,
+    #[serde(with = "timefmt::rfc3339")]
+    pub seen_at: SystemTime,
+}
+
+/// One CNI plugin run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CniOp {
+    /// `CNI_CONTAINERID`; None when the kernel could not read it, which makes
+    /// an in-flight run concern every reservation.
+    pub container_id: Option<String>,
+    /// The kernel's buffer cut the container ID: it is a prefix.
+    pub container_id_truncated: bool,
+    /// ADD, DEL, CHECK, GC...
+    pub command: String,
+    /// The plugin binary.
+    pub plugin: String,
+    #[serde(with = "timefmt::rfc3339")]
+    pub started_at: SystemTime,
+    /// None while the run is in flight.
+    #[serde(with = "timefmt::rfc3339_opt")]
+    pub finished_at: Option<SystemTime>,
+    pub exit_code: Option<i32>,
+}
+
+impl CniOp {
+    #[must_use]
+    pub fn in_flight(&self) -> bool {
+        self.finished_at.is_none()
+    }
+
+    /// Whether this run may be about `container_id`.
+    #[must_use]
+    pub fn may_concern(&self, container_id: &str) -> bool {
+        match &self.container_id {
+            None => true,
+            Some(id) if self.container_id_truncated => container_id.starts_with(id.as_str()),
+            Some(id) => id == container_id,
+        }
+    }
+}
+
+/// A pod of this node, from the Kubernetes API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiPod {
+    pub namespace: String,
+    pub name: String,
+    pub ips: Vec<IpAddr>,
+}
+
+/// Everything the engine may use. Optional sources are `None` when not
+/// available; present, they only add reasons to keep.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Observations {
+    pub live: Vec<LiveNetns>,
+    pub dead: Vec<DeadNetns>,
+    pub bindings: Vec<Binding>,
+    pub cni_ops: Vec<CniOp>,
+    /// Sandbox IDs the CRI runtime lists as live.
+    pub runtime_sandboxes: Option<Vec<String>>,
+    pub api_pods: Option<Vec<ApiPod>>,
+}
+
+impl Observations {
+    /// Adds a binding per cache entry that names a netns path.
+    pub fn add_cached_attachments(&mut self, attachments: &[CachedAttachment]) {
+        for a in attachments {
+            if let Some(netns) = &a.netns {
+                self.bindings.push(Binding {
+                    container_id: a.container_id.clone(),
+                    netns: NetnsRef::Path(PathBuf::from(netns)),
+                    source: BindingSource::CniCache,
+                    seen_at: a.written_at,
+                });
+            }
+        }
+    }
+}
+
+/// `/var/run` is a symlink to `/run` on every current distribution, and
+/// runtimes spell netns paths both ways.
+#[must_use]
+pub fn same_netns_path(a: &Path, b: &Path) -> bool {
+    fn norm(p: &Path) -> &Path {
+        p.strip_prefix("/var").ok().filter(|rest| rest.starts_with("run")).unwrap_or(p)
+    }
+    let (a, b) = (norm(a), norm(b));
+    // strip_prefix drops the leading '/', so compare component-wise.
+    a.components().filter(|c| !matches!(c, std::path::Component::RootDir)).eq(b
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::RootDir)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn var_run_and_run_are_the_same_path() {
+        assert!(same_netns_path(Path::new("/var/run/netns/cni-1"), Path::new("/run/netns/cni-1")));
+        assert!(same_netns_path(Path::new("/run/netns/cni-1"), Path::new("/run/netns/cni-1")));
+        assert!(!same_netns_path(Path::new("/run/netns/cni-1"), Path::new("/run/netns/cni-2")));
+        assert!(!same_netns_path(Path::new("/var/lib/x"), Path::new("/lib/x")));
+    }
+
+    #[test]
+    fn nsids_tell_lives_of_an_inode_apart() {
+        let a = NetnsId { inode: 7, nsid: Some(1) };
+        assert!(a.may_be(&NetnsId { inode: 7, nsid: None }));
+        assert!(!a.may_be(&NetnsId { inode: 7, nsid: Some(2) }));
+        assert!(!a.may_be(&NetnsId { inode: 8, nsid: Some(1) }));
+    }
+
+    #[test]
+    fn truncated_container_ids_match_as_prefixes() {
+        let op = |id: Option<&str>, truncated| CniOp {
+            container_id: id.map(str::to_owned),
+            container_id_truncated: truncated,
+            command: "ADD".into(),
+            plugin: "bridge".into(),
+            started_at: SystemTime::UNIX_EPOCH,
+            finished_at: None,
+            exit_code: None,
+        };
+        assert!(op(Some("abc"), true).may_concern("abcdef"));
+        assert!(!op(Some("abc"), false).may_concern("abcdef"));
+        assert!(op(None, false).may_concern("anything"));
+    }
+}

@@ -1,0 +1,491 @@
+//! Unit tests for each verdict and property tests for the safety invariants.
+#![expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
+
+use std::{
+    net::IpAddr,
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::ipam::{Reservation, StoreRef, StoreScan};
+
+fn t(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+}
+
+/// "Now" in every test; reservations made at t(0) are 10 000 s old.
+const NOW_SECS: u64 = 10_000;
+
+fn now() -> SystemTime {
+    t(NOW_SECS)
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
+    Reservation {
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
+        network: "net1".into(),
+        ip: ip(addr),
+        container_id: cid.into(),
+        ifname: Some("eth0".into()),
+        created_at: created,
+        path: format!("/var/lib/cni/networks/net1/{addr}").into(),
+        inode: 1,
+    }
+}
+
+fn id(inode: u64, nsid: i32) -> NetnsId {
+    NetnsId { inode, nsid: Some(nsid) }
+}
+
+fn live(ns: NetnsId, cids: &[&str], addrs: &[&str], paths: &[&str]) -> LiveNetns {
+    LiveNetns {
+        id: ns,
+        container_ids: cids.iter().map(|s| (*s).to_owned()).collect(),
+        addresses: addrs.iter().map(|a| ip(a)).collect(),
+        paths: paths.iter().map(PathBuf::from).collect(),
+    }
+}
+
+fn dead(ns: NetnsId, died: SystemTime, cids: &[&str], addrs: &[&str]) -> DeadNetns {
+    DeadNetns {
+        id: ns,
+        died_at: died,
+        container_ids: cids.iter().map(|s| (*s).to_owned()).collect(),
+        addresses: addrs.iter().map(|a| ip(a)).collect(),
+        paths: Vec::new(),
+    }
+}
+
+fn bind(cid: &str, netns: NetnsRef, seen: SystemTime) -> Binding {
+    Binding { container_id: cid.into(), netns, source: BindingSource::CniExec, seen_at: seen }
+}
+
+fn op(cid: Option<&str>, command: &str, started: SystemTime, finished: Option<SystemTime>) -> CniOp {
+    CniOp {
+        container_id: cid.map(str::to_owned),
+        container_id_truncated: false,
+        command: command.into(),
+        plugin: "/usr/lib/cni/bridge".into(),
+        started_at: started,
+        finished_at: finished,
+        exit_code: finished.map(|_| 1),
+    }
+}
+
+fn one(obs: &Observations, r: &Reservation) -> Verdict {
+    decide_one(obs, r, now(), &Policy::default())
+}
+
+fn has(v: &Verdict, pred: impl Fn(&Fact) -> bool) -> bool {
+    v.evidence.iter().any(|e| pred(&e.fact))
+}
+
+// ---- one test per verdict and per reason ----
+
+#[test]
+fn ip_configured_in_own_live_netns_is_in_use() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let obs = Observations { live: vec![live(id(5, 1), &["c1"], &["10.0.0.2"], &[])], ..Default::default() };
+    let v = one(&obs, &r);
+    assert_eq!(v.status, Status::InUse);
+    assert!(has(&v, |f| matches!(f, Fact::IpInOwnLiveNetns { .. })));
+}
+
+#[test]
+fn container_bound_to_live_netns_is_in_use_by_id_and_by_path() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let by_id = Observations {
+        live: vec![live(id(5, 1), &[], &[], &[])],
+        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), t(1))],
+        ..Default::default()
+    };
+    assert_eq!(one(&by_id, &r).status, Status::InUse);
+    // Runtimes say /var/run/netns, mountinfo says /run/netns.
+    let by_path = Observations {
+        live: vec![live(id(5, 1), &[], &[], &["/run/netns/cni-1"])],
+        bindings: vec![bind("c1", NetnsRef::Path("/var/run/netns/cni-1".into()), t(1))],
+        ..Default::default()
+    };
+    let v = one(&by_path, &r);
+    assert_eq!(v.status, Status::InUse);
+    assert!(has(&v, |f| matches!(f, Fact::BoundToLiveNetns { .. })));
+}
+
+#[test]
+fn cni_op_in_flight_is_pending_even_when_the_netns_died() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let obs = Observations {
+        dead: vec![dead(id(5, 1), t(100), &["c1"], &[])],
+        cni_ops: vec![op(Some("c1"), "ADD", t(50), None)],
+        ..Default::default()
+    };
+    let v = one(&obs, &r);
+    assert_eq!(v.status, Status::Pending);
+    assert!(has(&v, |f| matches!(f, Fact::CniOpInFlight { .. })));
+    // A finished run is no reason to wait.
+    let done = Observations { cni_ops: vec![op(Some("c1"), "ADD", t(50), Some(t(51)))], ..obs };
+    assert_eq!(one(&done, &r).status, Status::Orphaned);
+}
+
+#[test]
+fn an_in_flight_run_of_unknown_container_holds_everything() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let obs = Observations {
+        dead: vec![dead(id(5, 1), t(100), &["c1"], &[])],
+        cni_ops: vec![op(None, "ADD", t(9_999), None)],
+        ..Default::default()
+    };
+    assert_eq!(one(&obs, &r).status, Status::Pending);
+}
+
+#[test]
+fn young_reservation_is_pending() {
+    let r = res("c1", "10.0.0.2", now() - Duration::from_secs(5));
+    let obs = Observations { dead: vec![dead(id(5, 1), now(), &["c1"], &[])], ..Default::default() };
+    let v = one(&obs, &r);
+    assert_eq!(v.status, Status::Pending);
+    assert!(has(&v, |f| matches!(f, Fact::Young { .. })));
+    // A clock step that puts the file in the future counts as brand new.
+    assert_eq!(one(&obs, &res("c1", "10.0.0.2", now() + Duration::from_hours(1))).status, Status::Pending);
+}
+
+#[test]
+fn runtime_and_api_only_add_reasons_to_keep() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let base = Observations { dead: vec![dead(id(5, 1), t(100), &["c1"], &[])], ..Default::default() };
+    assert_eq!(one(&base, &r).status, Status::Orphaned);
+    let runtime = Observations { runtime_sandboxes: Some(vec!["c1".into()]), ..base.clone() };
+    assert_eq!(one(&runtime, &r).status, Status::InUse);
+    let api = Observations {
+        api_pods: Some(vec![ApiPod { namespace: "ns".into(), name: "p".into(), ips: vec![ip("10.0.0.2")] }]),
+        ..base.clone()
+    };
+    let v = one(&api, &r);
+    assert_eq!(v.status, Status::InUse);
+    assert!(v.summary.contains("pod ns/p"));
+    let unrelated = Observations { runtime_sandboxes: Some(vec!["c9".into()]), api_pods: Some(vec![]), ..base };
+    let v = one(&unrelated, &r);
+    assert_eq!(v.status, Status::Orphaned);
+    assert!(has(&v, |f| matches!(f, Fact::RuntimeDoesNotListSandbox)));
+}
+
+#[test]
+fn bound_netns_seen_to_die_is_orphaned_without_waiting_for_the_orphan_grace() {
+    let r = res("c1", "10.0.0.2", now() - Duration::from_secs(40));
+    let obs = Observations {
+        dead: vec![dead(id(5, 1), now() - Duration::from_secs(1), &[], &[])],
+        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), now() - Duration::from_secs(40))],
+        ..Default::default()
+    };
+    let v = one(&obs, &r);
+    assert_eq!(v.status, Status::Orphaned, "{}", v.summary);
+    assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { .. })));
+    assert!(has(&v, |f| matches!(f, Fact::IpInNoLiveNetns)));
+}
+
+#[test]
+fn never_bound_waits_for_the_orphan_grace() {
+    let young = res("c1", "10.0.0.2", now() - Duration::from_mins(1));
+    let v = one(&Observations::default(), &young);
+    assert_eq!(v.status, Status::Pending);
+    assert!(has(&v, |f| matches!(f, Fact::AwaitingOrphanGrace { .. })));
+    let old = res("c1", "10.0.0.2", now() - Duration::from_secs(601));
+    let v = one(&Observations::default(), &old);
+    assert_eq!(v.status, Status::Orphaned);
+    assert!(has(&v, |f| matches!(f, Fact::NeverSeenBound { .. })));
+}
+
+#[test]
+fn ip_in_another_containers_live_netns_while_owner_dead_is_a_conflict() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let obs = Observations {
+        live: vec![live(id(6, 2), &["c2"], &["10.0.0.2"], &[])],
+        dead: vec![dead(id(5, 1), t(100), &["c1"], &[])],
+        ..Default::default()
+    };
+    let v = one(&obs, &r);
+    assert_eq!(v.status, Status::Conflict);
+    assert!(has(&v, |f| matches!(f, Fact::IpInOtherLiveNetns { .. })));
+    assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { .. })));
+    // Never bound and old, but the IP is in another container's netns: still a conflict.
+    let never = Observations { dead: vec![], ..obs.clone() };
+    assert_eq!(one(&never, &r).status, Status::Conflict);
+    // Owner alive too: both are kept.
+    let alive = Observations { runtime_sandboxes: Some(vec!["c1".into()]), ..obs };
+    assert_eq!(one(&alive, &r).status, Status::InUse);
+}
+
+#[test]
+fn ip_in_a_live_netns_of_unknown_containers() {
+    let r = res("c1", "10.0.0.2", t(0));
+    // Owner never seen bound: that netns may well be its own.
+    let unknown = Observations { live: vec![live(id(6, 2), &[], &["10.0.0.2"], &[])], ..Default::default() };
+    assert_eq!(one(&unknown, &r).status, Status::InUse);
+    // Owner's own netns was seen to die: the IP now lives elsewhere.
+    let died = Observations { dead: vec![dead(id(5, 1), t(100), &["c1"], &[])], ..unknown };
+    assert_eq!(one(&died, &r).status, Status::Conflict);
+}
+
+#[test]
+fn a_reused_inode_is_told_apart_by_nsid_and_time() {
+    let r = res("c1", "10.0.0.2", t(0));
+    // Bound to inode 5 / nsid 1, which died; inode 5 now belongs to nsid 2.
+    let reused = Observations {
+        live: vec![live(id(5, 2), &[], &[], &[])],
+        dead: vec![dead(id(5, 1), t(100), &[], &[])],
+        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), t(10))],
+        ..Default::default()
+    };
+    assert_eq!(one(&reused, &r).status, Status::Orphaned);
+    // Without an nsid the binding may be the live one: keep.
+    let ambiguous = Observations {
+        bindings: vec![bind("c1", NetnsRef::Id(NetnsId { inode: 5, nsid: None }), t(10))],
+        ..reused.clone()
+    };
+    assert_eq!(one(&ambiguous, &r).status, Status::InUse);
+    // A binding seen after that death cannot be about the dead netns.
+    let later = Observations {
+        live: vec![],
+        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), now() - Duration::from_mins(1))],
+        ..reused
+    };
+    let v = one(&later, &r);
+    assert_eq!(v.status, Status::Pending, "{}", v.summary);
+    assert!(has(&v, |f| matches!(f, Fact::UnresolvedBinding { .. })));
+}
+
+#[test]
+fn a_dead_netns_that_held_the_ip_counts_only_when_it_can_be_the_owners() {
+    let r = res("c1", "10.0.0.2", t(100));
+    let held = Observations { dead: vec![dead(id(5, 1), t(200), &[], &["10.0.0.2"])], ..Default::default() };
+    let v = one(&held, &r);
+    assert_eq!(v.status, Status::Orphaned);
+    assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { via: Via::Address, .. })));
+    // Died before the reservation was made: a previous holder of the IP.
+    let before = Observations { dead: vec![dead(id(5, 1), t(50), &[], &["10.0.0.2"])], ..Default::default() };
+    let r_recent = res("c1", "10.0.0.2", now() - Duration::from_mins(1));
+    let before_recent = Observations { dead: vec![dead(id(5, 1), now() - Duration::from_secs(90), &[], &["10.0.0.2"])], ..before };
+    assert_eq!(one(&before_recent, &r_recent).status, Status::Pending);
+    // Another container's netns.
+    let others = Observations { dead: vec![dead(id(5, 1), now(), &["c2"], &["10.0.0.2"])], ..Default::default() };
+    assert_eq!(one(&others, &r_recent).status, Status::Pending);
+}
+
+#[test]
+fn verdicts_serialize_with_readable_reasons_and_round_trip() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let obs = Observations { dead: vec![dead(id(5, 1), t(100), &["c1"], &[])], ..Default::default() };
+    let v = one(&obs, &r);
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json["status"], "orphaned");
+    assert_eq!(json["evidence"][0]["fact"], "bound_netns_died");
+    assert!(json["evidence"][0]["text"].as_str().unwrap().contains("died at"));
+    let back: Verdict = serde_json::from_value(json).unwrap();
+    assert_eq!(back, v);
+}
+
+#[test]
+fn report_totals_per_network() {
+    let mut r2 = res("c2", "10.0.0.3", t(0));
+    r2.network = "net2".into();
+    let scan = StoreScan { reservations: vec![res("c1", "10.0.0.2", t(0)), r2, res("c3", "10.0.0.4", t(0))], anomalies: vec![] };
+    let obs = Observations {
+        dead: vec![dead(id(5, 1), t(100), &["c1", "c2"], &[])],
+        live: vec![live(id(6, 1), &["c3"], &[], &[])],
+        ..Default::default()
+    };
+    let report = ScanReport::build(&scan, &obs, now(), &Policy::default());
+    let net1 = report.totals.iter().find(|t| t.network == "net1").unwrap();
+    assert_eq!((net1.reservations, net1.orphaned, net1.in_use), (2, 1, 1));
+    let net2 = report.totals.iter().find(|t| t.network == "net2").unwrap();
+    assert_eq!((net2.reservations, net2.orphaned), (1, 1));
+    assert_eq!(report.orphaned().count(), 2);
+    let back: ScanReport = serde_json::from_str(&serde_json::to_string(&report).unwrap()).unwrap();
+    assert_eq!(back, report);
+    assert!(report.to_string().contains("net1: 2 reservations: 1 in use, 0 pending, 1 orphaned"));
+}
+
+// ---- properties ----
+
+const CIDS: [&str; 3] = ["c0", "c1", "c2"];
+const IPS: [&str; 3] = ["10.0.0.1", "10.0.0.2", "fd00::1"];
+const PATHS: [&str; 4] = ["/run/netns/a", "/var/run/netns/a", "/run/netns/b", "/proc/9/ns/net"];
+
+fn a_cid() -> impl Strategy<Value = String> {
+    prop::sample::select(CIDS.as_slice()).prop_map(str::to_owned)
+}
+fn an_ip() -> impl Strategy<Value = IpAddr> {
+    prop::sample::select(IPS.as_slice()).prop_map(ip)
+}
+fn a_path() -> impl Strategy<Value = PathBuf> {
+    prop::sample::select(PATHS.as_slice()).prop_map(PathBuf::from)
+}
+/// Times around "now", some in the future.
+fn a_time() -> impl Strategy<Value = SystemTime> {
+    (0..NOW_SECS + 100).prop_map(t)
+}
+fn a_netns_id() -> impl Strategy<Value = NetnsId> {
+    (1u64..4, prop::option::of(0i32..2)).prop_map(|(inode, nsid)| NetnsId { inode, nsid })
+}
+fn a_netns_ref() -> impl Strategy<Value = NetnsRef> {
+    prop_oneof![a_netns_id().prop_map(NetnsRef::Id), a_path().prop_map(NetnsRef::Path)]
+}
+fn a_live() -> impl Strategy<Value = LiveNetns> {
+    (a_netns_id(), prop::collection::vec(a_cid(), 0..3), prop::collection::vec(an_ip(), 0..3), prop::collection::vec(a_path(), 0..2))
+        .prop_map(|(id, container_ids, addresses, paths)| LiveNetns { id, container_ids, addresses, paths })
+}
+fn a_dead() -> impl Strategy<Value = DeadNetns> {
+    (
+        a_netns_id(),
+        a_time(),
+        prop::collection::vec(a_cid(), 0..3),
+        prop::collection::vec(an_ip(), 0..3),
+        prop::collection::vec(a_path(), 0..2),
+    )
+        .prop_map(|(id, died_at, container_ids, addresses, paths)| DeadNetns { id, died_at, container_ids, addresses, paths })
+}
+fn a_binding() -> impl Strategy<Value = Binding> {
+    let source = prop::sample::select(vec![BindingSource::CniExec, BindingSource::CniCache, BindingSource::Runtime]);
+    (a_cid(), a_netns_ref(), source, a_time())
+        .prop_map(|(container_id, netns, source, seen_at)| Binding { container_id, netns, source, seen_at })
+}
+fn an_op() -> impl Strategy<Value = CniOp> {
+    (prop::option::of(a_cid()), any::<bool>(), a_time(), prop::option::of(a_time()), prop::option::of(-1i32..3)).prop_map(
+        |(container_id, container_id_truncated, started_at, finished_at, exit_code)| CniOp {
+            container_id,
+            container_id_truncated,
+            command: "ADD".into(),
+            plugin: "bridge".into(),
+            started_at,
+            finished_at,
+            exit_code,
+        },
+    )
+}
+fn a_pod() -> impl Strategy<Value = ApiPod> {
+    prop::collection::vec(an_ip(), 0..2).prop_map(|ips| ApiPod { namespace: "ns".into(), name: "p".into(), ips })
+}
+fn observations() -> impl Strategy<Value = Observations> {
+    (
+        prop::collection::vec(a_live(), 0..3),
+        prop::collection::vec(a_dead(), 0..4),
+        prop::collection::vec(a_binding(), 0..4),
+        prop::collection::vec(an_op(), 0..3),
+        prop::option::of(prop::collection::vec(a_cid(), 0..2)),
+        prop::option::of(prop::collection::vec(a_pod(), 0..2)),
+    )
+        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods)| Observations {
+            live,
+            dead,
+            bindings,
+            cni_ops,
+            runtime_sandboxes,
+            api_pods,
+        })
+}
+fn a_reservation() -> impl Strategy<Value = Reservation> {
+    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation { ip, ..res(&cid, "10.0.0.1", created) })
+}
+fn a_policy() -> impl Strategy<Value = Policy> {
+    (0u64..120, 0u64..12_000).prop_map(|(f, o)| Policy {
+        in_flight_grace: Duration::from_secs(f),
+        orphan_grace: Duration::from_secs(o),
+    })
+}
+
+/// The facts the invariants speak of, computed independently of the engine
+/// (exact matches only: the engine may match more, never less).
+fn ip_in_live_netns(obs: &Observations, r: &Reservation) -> bool {
+    obs.live.iter().any(|n| n.addresses.contains(&r.ip))
+}
+fn op_in_flight(obs: &Observations, r: &Reservation) -> bool {
+    obs.cni_ops.iter().any(|op| op.finished_at.is_none() && op.container_id.as_deref() == Some(r.container_id.as_str()))
+}
+fn bound_netns_alive(obs: &Observations, r: &Reservation) -> bool {
+    let by_model = obs.live.iter().any(|n| n.container_ids.contains(&r.container_id));
+    let by_binding = obs.bindings.iter().filter(|b| b.container_id == r.container_id).any(|b| {
+        obs.live.iter().any(|n| match &b.netns {
+            NetnsRef::Id(id) => n.id == *id,
+            NetnsRef::Path(p) => n.paths.contains(p),
+        })
+    });
+    by_model || by_binding
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn live_evidence_is_never_orphaned(obs in observations(), r in a_reservation(), policy in a_policy()) {
+        let v = decide_one(&obs, &r, now(), &policy);
+        if ip_in_live_netns(&obs, &r) {
+            prop_assert_ne!(v.status, Status::Orphaned, "IP configured in a live netns: {}", v.summary);
+        }
+        if op_in_flight(&obs, &r) {
+            prop_assert_ne!(v.status, Status::Orphaned, "CNI op in flight: {}", v.summary);
+        }
+        if bound_netns_alive(&obs, &r) {
+            prop_assert_ne!(v.status, Status::Orphaned, "bound netns alive: {}", v.summary);
+            prop_assert_eq!(v.status, Status::InUse, "bound netns alive: {}", v.summary);
+        }
+        if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.contains(&r.container_id)) {
+            prop_assert_eq!(v.status, Status::InUse);
+        }
+        if now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace) {
+            prop_assert_ne!(v.status, Status::Orphaned, "young: {}", v.summary);
+        }
+    }
+
+    #[test]
+    fn orphaned_always_names_a_death_or_an_expired_grace(obs in observations(), r in a_reservation(), policy in a_policy()) {
+        let v = decide_one(&obs, &r, now(), &policy);
+        if v.status == Status::Orphaned {
+            let death = has(&v, |f| matches!(
+                f,
+                Fact::BoundNetnsDied { .. } | Fact::NeverSeenBound { .. } | Fact::NoLiveBindingPastGrace { .. }
+            ));
+            prop_assert!(death, "orphaned without a death or grace: {}", v.summary);
+            let no_ip = has(&v, |f| matches!(f, Fact::IpInNoLiveNetns));
+            prop_assert!(no_ip, "orphaned without IpInNoLiveNetns: {}", v.summary);
+        }
+        prop_assert!(!v.evidence.is_empty());
+    }
+
+    #[test]
+    fn optional_sources_only_add_reasons_to_keep(obs in observations(), r in a_reservation(), policy in a_policy()) {
+        let with = decide_one(&obs, &r, now(), &policy);
+        let without = Observations { runtime_sandboxes: None, api_pods: None, ..obs.clone() };
+        let without = decide_one(&without, &r, now(), &policy);
+        if with.status == Status::Orphaned {
+            prop_assert_eq!(without.status, Status::Orphaned);
+        }
+    }
+
+    #[test]
+    fn adding_a_live_netns_never_creates_an_orphan(
+        obs in observations(), r in a_reservation(), policy in a_policy(), extra in a_live()
+    ) {
+        let before = decide_one(&obs, &r, now(), &policy);
+        let mut more = obs.clone();
+        more.live.push(extra);
+        let after = decide_one(&more, &r, now(), &policy);
+        if after.status == Status::Orphaned {
+            prop_assert_eq!(before.status, Status::Orphaned);
+        }
+    }
+
+    #[test]
+    fn decide_is_a_pure_map(obs in observations(), rs in prop::collection::vec(a_reservation(), 0..4), policy in a_policy()) {
+        let all = decide(&obs, &rs, now(), &policy);
+        let each: Vec<_> = rs.iter().map(|r| decide_one(&obs, r, now(), &policy)).collect();
+        prop_assert_eq!(&all, &each);
+        prop_assert_eq!(all, decide(&obs, &rs, now(), &policy));
+    }
+}

@@ -1,0 +1,221 @@
+//! Verdicts and the evidence that decided them, for machines (tagged JSON)
+//! and for people (`text`, `summary`).
+
+use std::{fmt, path::PathBuf, time::Duration, time::SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use super::observations::{BindingSource, NetnsId, NetnsRef};
+use crate::ipam::{Reservation, timefmt};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Something live holds it: keep.
+    InUse,
+    /// In flight or too young to judge: keep for now.
+    Pending,
+    /// Its owner is gone and nothing holds it: may be released.
+    Orphaned,
+    /// Its owner is gone, but its IP is configured in a live netns of
+    /// another container: report, never release.
+    Conflict,
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::InUse => "in use",
+            Self::Pending => "pending",
+            Self::Orphaned => "orphaned",
+            Self::Conflict => "conflict",
+        })
+    }
+}
+
+/// How a container came to be tied to a netns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// A binding (CNI run, cache entry, runtime).
+    Binding { source: BindingSource, netns: NetnsRef },
+    /// The model lists the container on the netns.
+    Model,
+    /// The reservation's IP was configured in that netns.
+    Address,
+}
+
+impl fmt::Display for Via {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Binding { source: BindingSource::CniExec, netns } => write!(f, "CNI_NETNS {netns} of a CNI run"),
+            Self::Binding { source: BindingSource::CniCache, netns } => write!(f, "netns {netns} in the CNI cache"),
+            Self::Binding { source: BindingSource::Runtime, netns } => write!(f, "netns {netns} from the runtime"),
+            Self::Model => f.write_str("the netns model"),
+            Self::Address => f.write_str("its IP was configured there"),
+        }
+    }
+}
+
+/// One fact the engine relied on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "fact", rename_all = "snake_case")]
+pub enum Fact {
+    /// The IP is configured in a live netns of its own container.
+    IpInOwnLiveNetns { netns: NetnsId, paths: Vec<PathBuf> },
+    /// The IP is configured in a live netns whose containers are unknown or
+    /// others than the reservation's.
+    IpInOtherLiveNetns { netns: NetnsId, containers: Vec<String>, paths: Vec<PathBuf> },
+    BoundToLiveNetns { netns: NetnsId, via: Via },
+    CniOpInFlight {
+        container_id: Option<String>,
+        command: String,
+        plugin: String,
+        #[serde(with = "timefmt::rfc3339")]
+        started_at: SystemTime,
+    },
+    RuntimeListsSandbox,
+    ApiPodHasIp { namespace: String, name: String },
+    Young {
+        #[serde(with = "timefmt::duration")]
+        age: Duration,
+        #[serde(with = "timefmt::duration")]
+        grace: Duration,
+    },
+    /// Never seen bound and not yet old enough to be called a leak.
+    AwaitingOrphanGrace {
+        #[serde(with = "timefmt::duration")]
+        age: Duration,
+        #[serde(with = "timefmt::duration")]
+        grace: Duration,
+    },
+    /// A binding whose netns is neither known live nor seen to die.
+    UnresolvedBinding {
+        netns: NetnsRef,
+        source: BindingSource,
+        #[serde(with = "timefmt::rfc3339")]
+        seen_at: SystemTime,
+    },
+    BoundNetnsDied {
+        netns: NetnsId,
+        #[serde(with = "timefmt::rfc3339")]
+        died_at: SystemTime,
+        via: Via,
+    },
+    NeverSeenBound {
+        #[serde(with = "timefmt::duration")]
+        age: Duration,
+        #[serde(with = "timefmt::duration")]
+        grace: Duration,
+    },
+    /// Bound only to netns of unknown fate, all seen longer ago than the
+    /// orphan grace, and reserved longer ago than that too.
+    NoLiveBindingPastGrace {
+        #[serde(with = "timefmt::duration")]
+        age: Duration,
+        #[serde(with = "timefmt::duration")]
+        grace: Duration,
+    },
+    IpInNoLiveNetns,
+    NoCniOpInFlight,
+    RuntimeDoesNotListSandbox,
+    /// An optional source was not available to check.
+    SourceUnavailable { source: String },
+}
+
+impl fmt::Display for Fact {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use timefmt::human;
+        let time = |t: &SystemTime| humantime::format_rfc3339_millis(*t).to_string();
+        match self {
+            Self::IpInOwnLiveNetns { netns, .. } => write!(f, "its IP is configured in its own live netns {netns}"),
+            Self::IpInOtherLiveNetns { netns, containers, .. } if containers.is_empty() => {
+                write!(f, "its IP is configured in live netns {netns} (containers unknown)")
+            }
+            Self::IpInOtherLiveNetns { netns, containers, .. } => {
+                write!(f, "its IP is configured in live netns {netns} of container(s) {}", containers.join(", "))
+            }
+            Self::BoundToLiveNetns { netns, via } => write!(f, "its container is bound to live netns {netns} (via {via})"),
+            Self::CniOpInFlight { container_id: Some(id), command, plugin, started_at } => {
+                write!(f, "CNI {command} by {plugin} for container {id} in flight since {}", time(started_at))
+            }
+            Self::CniOpInFlight { container_id: None, command, plugin, started_at } => {
+                write!(f, "CNI {command} by {plugin} for an unknown container in flight since {}", time(started_at))
+            }
+            Self::RuntimeListsSandbox => f.write_str("the runtime lists its sandbox as live"),
+            Self::ApiPodHasIp { namespace, name } => write!(f, "pod {namespace}/{name} reports this IP"),
+            Self::Young { age, grace } => {
+                write!(f, "reserved {} ago, within the in-flight grace of {}", human(*age), human(*grace))
+            }
+            Self::AwaitingOrphanGrace { age, grace } => {
+                write!(f, "never seen bound; reserved {} ago, orphan grace is {}", human(*age), human(*grace))
+            }
+            Self::UnresolvedBinding { netns, source, seen_at } => {
+                write!(f, "bound to netns {netns} (from the {source}, seen {}), neither live nor seen to die", time(seen_at))
+            }
+            Self::BoundNetnsDied { netns, died_at, via } => {
+                write!(f, "its netns {netns} died at {} (bound via {via})", time(died_at))
+            }
+            Self::NeverSeenBound { age, grace } => {
+                write!(f, "never seen bound; reserved {} ago, past the orphan grace of {}", human(*age), human(*grace))
+            }
+            Self::NoLiveBindingPastGrace { age, grace } => write!(
+                f,
+                "no netns it was bound to is known live; reserved {} ago, past the orphan grace of {}",
+                human(*age),
+                human(*grace)
+            ),
+            Self::IpInNoLiveNetns => f.write_str("its IP is configured in no live netns"),
+            Self::NoCniOpInFlight => f.write_str("no CNI operation for its container is in flight"),
+            Self::RuntimeDoesNotListSandbox => f.write_str("the runtime does not list its sandbox"),
+            Self::SourceUnavailable { source } => write!(f, "{source} not available"),
+        }
+    }
+}
+
+/// A fact with its sentence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Evidence {
+    #[serde(flatten)]
+    pub fact: Fact,
+    pub text: String,
+}
+
+impl From<Fact> for Evidence {
+    fn from(fact: Fact) -> Self {
+        let text = fact.to_string();
+        Self { fact, text }
+    }
+}
+
+/// The engine's decision about one reservation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub reservation: Reservation,
+    pub status: Status,
+    /// The facts that decided it, the deciding ones first.
+    pub evidence: Vec<Evidence>,
+    /// One line for a person.
+    pub summary: String,
+}
+
+impl Verdict {
+    pub(crate) fn new(reservation: &Reservation, status: Status, facts: Vec<Fact>) -> Self {
+        let evidence: Vec<Evidence> = facts.into_iter().map(Evidence::from).collect();
+        let reasons: Vec<&str> = evidence.iter().map(|e| e.text.as_str()).collect();
+        let summary = format!(
+            "{} {} ({} of {}): {status}: {}",
+            reservation.network,
+            reservation.ip,
+            reservation.container_id,
+            reservation.store,
+            reasons.join("; ")
+        );
+        Self { reservation: reservation.clone(), status, evidence, summary }
+    }
+
+    #[must_use]
+    pub fn is_orphaned(&self) -> bool {
+        self.status == Status::Orphaned
+    }
+}

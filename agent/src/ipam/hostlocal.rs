@@ -1,0 +1,355 @@
+//! The host-local IPAM plugin's store (containernetworking/plugins,
+//! plugins/ipam/host-local/backend/disk): `<dataDir>/<network>/<ip>` holds
+//! `containerID\r\nifname` with no trailing newline (files of older plugin
+//! versions hold only the container ID). Beside them: `lock` (the plugin's
+//! flock) and `last_reserved_ip.<range>`, which are not reservations.
+
+use std::{
+    fs,
+    io,
+    net::IpAddr,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
+
+use super::{
+    Anomaly, AnomalyKind, Owner, Reservation, ReservationStore, StoreRef, StoreScan, is_printable_text,
+    safefs::{self, Bounded, Dir},
+};
+
+/// Where host-local keeps its data when the config names no `dataDir`.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni/networks";
+/// The plugin's lock file in each network directory.
+pub const LOCK_FILE: &str = "lock";
+/// Prefix of the plugin's "last reserved IP" files, one per range.
+pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+/// host-local writes at most a container ID (64 hex in practice), CRLF and
+/// an interface name (15 bytes): anything larger is not one of its files.
+pub const MAX_RESERVATION_BYTES: u64 = 1024;
+/// What separates container ID and ifname (the plugin's `LineBreak`).
+pub const LINE_BREAK: &str = "\r\n";
+
+/// One host-local data dir (the plugin's `dataDir`), with one directory per
+/// network below it.
+#[derive(Debug, Clone)]
+pub struct HostLocalStore {
+    data_dir: PathBuf,
+}
+
+/// What a name in a network directory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryName {
+    /// The plugin's lock file.
+    Lock,
+    /// `last_reserved_ip.<range>`.
+    LastReserved,
+    /// A reservation file, named as the plugin names it.
+    Ip(IpAddr),
+    /// Parses as an IP, but host-local would never write this spelling.
+    NonCanonicalIp(IpAddr),
+    /// Anything else.
+    NotIp,
+}
+
+/// Classifies a file name with an IP parser. host-local names files with
+/// Go's `net.IP.String()`: dotted quad, or RFC 5952 compressed IPv6, which
+/// is also what Rust prints. Any other spelling is not the plugin's.
+#[must_use]
+pub fn classify_name(name: &str) -> EntryName {
+    if name == LOCK_FILE {
+        return EntryName::Lock;
+    }
+    if name.starts_with(LAST_RESERVED_PREFIX) {
+        return EntryName::LastReserved;
+    }
+    match name.parse::<IpAddr>() {
+        Ok(ip) if ip.to_string() == name => EntryName::Ip(ip),
+        Ok(ip) => EntryName::NonCanonicalIp(ip),
+        Err(_) => EntryName::NotIp,
+    }
+}
+
+/// Parses a reservation file's content the way the plugin matches it
+/// (`strings.TrimSpace(data) == id + "\r\n" + ifname`, or `== id` for legacy).
+pub fn parse_owner(content: &[u8]) -> Result<Owner, (AnomalyKind, String)> {
+    let Ok(text) = std::str::from_utf8(content) else {
+        return Err((AnomalyKind::BinaryContent, "content is not valid UTF-8".into()));
+    };
+    if !is_printable_text(text) {
+        return Err((AnomalyKind::BinaryContent, "content holds NUL or control bytes".into()));
+    }
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err((AnomalyKind::EmptyContent, "file holds no container ID".into()));
+    }
+    let (id, ifname) = match trimmed.split_once(LINE_BREAK) {
+        Some((id, ifname)) => (id, Some(ifname)),
+        None => (trimmed, None),
+    };
+    let token_ok = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
+    if !token_ok(id) {
+        return Err((AnomalyKind::MalformedContent, format!("container ID {id:?} is empty or holds whitespace")));
+    }
+    if let Some(ifname) = ifname
+        && !token_ok(ifname)
+    {
+        return Err((AnomalyKind::MalformedContent, format!("interface name {ifname:?} is empty or holds whitespace")));
+    }
+    Ok(Owner { container_id: id.to_owned(), ifname: ifname.map(str::to_owned) })
+}
+
+/// The result of reading one reservation file.
+#[derive(Debug)]
+pub(crate) enum ReadOwner {
+    Owner(Owner, fs::Metadata),
+    /// No such file (any more).
+    Gone,
+    Anomaly(AnomalyKind, String),
+}
+
+/// Reads and parses `name` in an opened network directory, without
+/// following symlinks or blocking on FIFOs.
+pub(crate) fn read_owner(dir: &Dir, name: &str) -> ReadOwner {
+    match safefs::read_bounded(dir, name, MAX_RESERVATION_BYTES) {
+        Ok(Bounded::Content(bytes, meta)) => match parse_owner(&bytes) {
+            Ok(owner) => ReadOwner::Owner(owner, meta),
+            Err((kind, detail)) => ReadOwner::Anomaly(kind, detail),
+        },
+        Ok(Bounded::NotRegular(meta)) => {
+            if meta.is_dir() {
+                ReadOwner::Anomaly(AnomalyKind::Directory, "a directory named as an IP".into())
+            } else {
+                ReadOwner::Anomaly(AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.mode()))
+            }
+        }
+        Ok(Bounded::TooLarge(meta)) => ReadOwner::Anomaly(
+            AnomalyKind::Oversized,
+            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.size()),
+        ),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => ReadOwner::Gone,
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            ReadOwner::Anomaly(AnomalyKind::Symlink, "a symlink; never followed".into())
+        }
+        Err(e) => ReadOwner::Anomaly(AnomalyKind::Unreadable, e.to_string()),
+    }
+}
+
+/// A network name as a single plain path component of printable text.
+#[must_use]
+pub fn is_valid_network_name(name: &str) -> bool {
+    safefs::is_plain_name(name) && is_printable_text(name) && !name.contains(['\r', '\n', '\t'])
+}
+
+impl HostLocalStore {
+    #[must_use]
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self { data_dir: data_dir.into() }
+    }
+
+    #[must_use]
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// Scans one network directory (`network` already validated).
+    fn scan_network(&self, network: &str, out: &mut StoreScan) {
+        let store = self.store_ref();
+        let net_path = self.data_dir.join(network);
+        let anomaly = |path: &Path, kind, detail: String| Anomaly::new(&store, Some(network), path, kind, detail);
+        let dir = match Dir::open(&net_path) {
+            Ok(dir) => dir,
+            Err(e) => {
+                out.anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
+                return;
+            }
+        };
+        let entries = match fs::read_dir(&net_path) {
+            Ok(entries) => entries,
+            Err(e) => {
+                out.anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
+                return;
+            }
+        };
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    out.anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
+                    continue;
+                }
+            };
+            let path = entry.path();
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                out.anomalies.push(anomaly(&path, AnomalyKind::UnparsableName, "name is not UTF-8".into()));
+                continue;
+            };
+            let ip = match classify_name(&name) {
+                EntryName::Lock | EntryName::LastReserved => continue,
+                EntryName::Ip(ip) => ip,
+                EntryName::NonCanonicalIp(ip) => {
+                    let detail = format!("{name:?} parses as an IP, but host-local would name it {ip}");
+                    out.anomalies.push(anomaly(&path, AnomalyKind::NonCanonicalName, detail));
+                    continue;
+                }
+                EntryName::NotIp => {
+                    let detail = format!("{name:?} is not an IP address");
+                    out.anomalies.push(anomaly(&path, AnomalyKind::UnparsableName, detail));
+                    continue;
+                }
+            };
+            match read_owner(&dir, &name) {
+                ReadOwner::Owner(owner, meta) => out.reservations.push(Reservation {
+                    store: store.clone(),
+                    network: network.to_owned(),
+                    ip,
+                    container_id: owner.container_id,
+                    ifname: owner.ifname,
+                    created_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    path,
+                    inode: meta.ino(),
+                }),
+                // Released by the plugin between listing and reading.
+                ReadOwner::Gone => {}
+                ReadOwner::Anomaly(kind, detail) => out.anomalies.push(anomaly(&path, kind, detail)),
+            }
+        }
+    }
+}
+
+impl ReservationStore for HostLocalStore {
+    fn store_ref(&self) -> StoreRef {
+        StoreRef::HostLocal { data_dir: self.data_dir.clone() }
+    }
+
+    fn scan(&self) -> StoreScan {
+        let store = self.store_ref();
+        let mut out = StoreScan::default();
+        let root = &self.data_dir;
+        let entries = match fs::read_dir(root) {
+            Ok(entries) => entries,
+            Err(e) => {
+                let kind = if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
+                out.anomalies.push(Anomaly::new(&store, None, root, kind, e.to_string()));
+                return out;
+            }
+        };
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    out.anomalies.push(Anomaly::new(&store, None, root, AnomalyKind::Unreadable, e.to_string()));
+                    continue;
+                }
+            };
+            let path = entry.path();
+            let Some(name) = entry.file_name().to_str().filter(|n| is_valid_network_name(n)).map(str::to_owned)
+            else {
+                let detail = "not a usable network name (not UTF-8 or holds control characters)";
+                out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::UnparsableName, detail));
+                continue;
+            };
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => self.scan_network(&name, &mut out),
+                Ok(t) if t.is_symlink() => {
+                    let detail = "a symlink where a network directory was expected; never followed";
+                    out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Symlink, detail));
+                }
+                Ok(_) => {
+                    let detail = "a file where a network directory was expected";
+                    out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::NotADirectory, detail));
+                }
+                Err(e) => out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Unreadable, e.to_string())),
+            }
+        }
+        out.reservations.sort_by(|a, b| (&a.network, a.ip).cmp(&(&b.network, b.ip)));
+        out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
+mod tests {
+    use std::{fs, os::unix::fs::symlink};
+
+    use super::*;
+
+    #[test]
+    fn names_are_classified_with_an_ip_parser() {
+        assert_eq!(classify_name("lock"), EntryName::Lock);
+        assert_eq!(classify_name("last_reserved_ip.0"), EntryName::LastReserved);
+        assert_eq!(classify_name("10.0.0.2"), EntryName::Ip("10.0.0.2".parse().unwrap()));
+        assert_eq!(classify_name("fd00:1::2"), EntryName::Ip("fd00:1::2".parse().unwrap()));
+        assert!(matches!(classify_name("fd00:1:0::2"), EntryName::NonCanonicalIp(_)));
+        assert_eq!(classify_name("010.0.0.2"), EntryName::NotIp);
+        assert_eq!(classify_name("10.0.0.256"), EntryName::NotIp);
+        assert_eq!(classify_name("notes.txt"), EntryName::NotIp);
+        assert_eq!(classify_name("10.0.0.2.bak"), EntryName::NotIp);
+    }
+
+    #[test]
+    fn owner_parsing_matches_the_plugin() {
+        let owner = parse_owner(b"abc\r\neth0").unwrap();
+        assert_eq!(owner, Owner { container_id: "abc".into(), ifname: Some("eth0".into()) });
+        let legacy = parse_owner(b"abc \n").unwrap();
+        assert_eq!(legacy, Owner { container_id: "abc".into(), ifname: None });
+        assert_eq!(parse_owner(b"").unwrap_err().0, AnomalyKind::EmptyContent);
+        assert_eq!(parse_owner(b"  \r\n ").unwrap_err().0, AnomalyKind::EmptyContent);
+        assert_eq!(parse_owner(b"ab\0c").unwrap_err().0, AnomalyKind::BinaryContent);
+        assert_eq!(parse_owner(&[0xff, 0xfe]).unwrap_err().0, AnomalyKind::BinaryContent);
+        assert_eq!(parse_owner(b"a b").unwrap_err().0, AnomalyKind::MalformedContent);
+        assert_eq!(parse_owner(b"abc\r\neth0\r\nx").unwrap_err().0, AnomalyKind::MalformedContent);
+    }
+
+    #[test]
+    fn scan_lists_reservations_and_reports_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let net = tmp.path().join("net1");
+        fs::create_dir(&net).unwrap();
+        fs::write(net.join("lock"), "").unwrap();
+        fs::write(net.join("last_reserved_ip.0"), "10.0.0.3").unwrap();
+        fs::write(net.join("10.0.0.2"), "c1\r\neth0").unwrap();
+        fs::write(net.join("10.0.0.3"), "c2").unwrap();
+        fs::write(net.join("fd00::5"), "c3\r\nnet1").unwrap();
+        fs::write(net.join("garbage"), "c4").unwrap();
+        fs::create_dir(net.join("10.0.0.4")).unwrap();
+        symlink("/etc/passwd", net.join("10.0.0.5")).unwrap();
+        fs::write(net.join("10.0.0.6"), vec![b'a'; 5000]).unwrap();
+        fs::write(tmp.path().join("stray"), "x").unwrap();
+        symlink(&net, tmp.path().join("net2")).unwrap();
+
+        let scan = HostLocalStore::new(tmp.path()).scan();
+        let got: Vec<_> = scan.reservations.iter().map(|r| (r.ip.to_string(), r.owner().to_string())).collect();
+        assert_eq!(
+            got,
+            [
+                ("10.0.0.2".to_owned(), "c1/eth0".to_owned()),
+                ("10.0.0.3".into(), "c2 (legacy, no ifname)".into()),
+                ("fd00::5".into(), "c3/net1".into()),
+            ]
+        );
+        let mut kinds: Vec<_> = scan.anomalies.iter().map(|a| a.kind).collect();
+        kinds.sort_by_key(|k| format!("{k:?}"));
+        assert_eq!(
+            kinds,
+            [
+                AnomalyKind::Directory,
+                AnomalyKind::NotADirectory,
+                AnomalyKind::Oversized,
+                AnomalyKind::Symlink,
+                AnomalyKind::Symlink,
+                AnomalyKind::UnparsableName,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_data_dir_is_reported_not_fatal() {
+        let tmp = tempfile::tempdir().unwrap();
+        let scan = HostLocalStore::new(tmp.path().join("nope")).scan();
+        assert!(scan.reservations.is_empty());
+        assert_eq!(scan.anomalies.len(), 1);
+        assert_eq!(scan.anomalies[0].kind, AnomalyKind::MissingDir);
+    }
+}

@@ -1,0 +1,174 @@
+//! File access that never follows a symlink, never blocks on a FIFO and never
+//! reads more than it was told to. Store directories are writable by other
+//! software (and an attacker who can write there should not be able to make
+//! netreap read /etc/shadow or unlink something outside the store), so every
+//! open is relative to a directory descriptor and refuses symlinks.
+
+use std::{
+    ffi::CString,
+    fs::{File, Metadata},
+    io::{self, Read},
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd},
+        unix::{ffi::OsStrExt, fs::MetadataExt},
+    },
+    path::Path,
+};
+
+/// A directory opened without following a symlink in its last component.
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))
+}
+
+/// A single path component: no separator, not `.` or `..`, not empty.
+#[must_use]
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+fn check_name(name: &str) -> io::Result<CString> {
+    if !is_plain_name(name) {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?} is not a plain file name")));
+    }
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name holds a NUL byte"))
+}
+
+fn fd_or_error(fd: libc::c_int) -> io::Result<OwnedFd> {
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor the kernel just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Dir {
+    /// Opens `path` as a directory; a symlink as last component fails (ELOOP).
+    pub fn open(path: &Path) -> io::Result<Self> {
+        let c = c_path(path)?;
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: valid NUL-terminated path; the result is checked.
+        let fd = fd_or_error(unsafe { libc::open(c.as_ptr(), flags) })?;
+        Ok(Self { fd })
+    }
+
+    /// Opens `name` in this directory for reading: no symlink, no blocking
+    /// on a FIFO or device. The caller checks the type with `metadata()`.
+    pub fn open_read(&self, name: &str) -> io::Result<File> {
+        let c = check_name(name)?;
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+        // SAFETY: valid dirfd and NUL-terminated name; the result is checked.
+        let fd = fd_or_error(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags) })?;
+        Ok(File::from(fd))
+    }
+
+    /// Opens (creating it if needed, as host-local does) the lock file
+    /// `name`: `O_CREAT|O_RDONLY`, mode 0750 like go-filemutex, no symlink.
+    pub fn open_lock(&self, name: &str) -> io::Result<File> {
+        let c = check_name(name)?;
+        let flags = libc::O_RDONLY | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        let mode: libc::c_uint = 0o750;
+        // SAFETY: valid dirfd and NUL-terminated name; the result is checked.
+        let fd = fd_or_error(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags, mode) })?;
+        let file = File::from(fd);
+        if !file.metadata()?.is_file() {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, format!("lock {name:?} is not a regular file")));
+        }
+        Ok(file)
+    }
+
+    /// Makes entry changes (an unlink) durable.
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: a valid open descriptor.
+        if unsafe { libc::fsync(self.fd.as_raw_fd()) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Removes the file `name` (never a directory) from this directory.
+    pub fn unlink(&self, name: &str) -> io::Result<()> {
+        let c = check_name(name)?;
+        // SAFETY: valid dirfd and NUL-terminated name.
+        if unsafe { libc::unlinkat(self.fd.as_raw_fd(), c.as_ptr(), 0) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// What a bounded read found.
+#[derive(Debug)]
+pub enum Bounded {
+    /// The whole content, at most `limit` bytes.
+    Content(Vec<u8>, Metadata),
+    /// Not a regular file (FIFO, socket, device, directory).
+    NotRegular(Metadata),
+    /// Larger than the limit; nothing was read.
+    TooLarge(Metadata),
+}
+
+/// Reads `name` in `dir`, at most `limit` bytes, after checking (on the open
+/// descriptor, so nothing can be swapped in between) that it is a regular file.
+pub fn read_bounded(dir: &Dir, name: &str, limit: u64) -> io::Result<Bounded> {
+    let file = dir.open_read(name)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(Bounded::NotRegular(meta));
+    }
+    if meta.size() > limit {
+        return Ok(Bounded::TooLarge(meta));
+    }
+    let mut buf = Vec::with_capacity(usize::try_from(meta.size()).unwrap_or(0));
+    // One byte more than the limit tells a file that grew after fstat.
+    file.take(limit + 1).read_to_end(&mut buf)?;
+    if buf.len() as u64 > limit {
+        return Ok(Bounded::TooLarge(meta));
+    }
+    Ok(Bounded::Content(buf, meta))
+}
+
+/// An exclusive flock(2) held until dropped (closing the descriptor drops it).
+#[derive(Debug)]
+pub struct FlockGuard {
+    file: File,
+}
+
+impl FlockGuard {
+    /// Blocks until the exclusive lock is ours, like go-filemutex's `Lock()`.
+    pub fn lock_exclusive(file: File) -> io::Result<Self> {
+        loop {
+            // SAFETY: a valid open descriptor.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Self { file });
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(err);
+            }
+        }
+    }
+
+    /// Takes the exclusive lock only if nobody holds it.
+    pub fn try_lock_exclusive(file: File) -> io::Result<Option<Self>> {
+        // SAFETY: a valid open descriptor.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(Some(Self { file }));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(err) }
+    }
+}
+
+impl Drop for FlockGuard {
+    fn drop(&mut self) {
+        // Closing would release it too; unlocking first makes the intent plain.
+        // SAFETY: a valid open descriptor.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}

@@ -1,0 +1,275 @@
+//! What the model shows the world: a serializable snapshot of every netns
+//! (the input of the decision engine, `netreap netns --json` and the state
+//! endpoint) and the death notice sent for each netns that dies.
+
+use std::{net::IpAddr, path::PathBuf, time::SystemTime};
+
+use serde::{Serialize, Serializer};
+
+use crate::{discovery::ProcessRef, kernel::events::NetnsVia, telemetry::clock::rfc3339};
+
+/// Inode number of a netns (`ns.inum`, an unsigned int in the kernel).
+pub type NetnsInode = u32;
+
+pub(crate) fn time<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&rfc3339(*t))
+}
+
+pub(crate) fn opt_time<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&rfc3339(*t)),
+        None => s.serialize_none(),
+    }
+}
+
+/// How the model learned that a netns died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeathSource {
+    /// The kernel removed its nsid while destroying it (RTM_DELNSID).
+    RtmDelnsid,
+    /// fentry `__put_net`: its last reference dropped.
+    PutNet,
+    /// A resync found it gone (its death notification was lost), or its
+    /// nsid or inode taken by another netns.
+    Resync,
+}
+
+/// The task that created a netns, from the probes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Creator {
+    /// Process id (tgid).
+    pub pid: u32,
+    /// Thread id.
+    pub tid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+    pub via: NetnsVia,
+    #[serde(serialize_with = "time")]
+    pub at: SystemTime,
+}
+
+/// `ifa_scope` / `rtm_scope`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AddrScope {
+    Global,
+    Site,
+    Link,
+    Host,
+    Nowhere,
+    Other(u8),
+}
+
+impl AddrScope {
+    #[must_use]
+    pub fn from_raw(raw: u8) -> Self {
+        match raw {
+            0 => Self::Global,
+            200 => Self::Site,
+            253 => Self::Link,
+            254 => Self::Host,
+            255 => Self::Nowhere,
+            other => Self::Other(other),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct AddressView {
+    pub ip: IpAddr,
+    pub prefix_len: u8,
+    pub ifindex: u32,
+    pub ifname: Option<String>,
+    pub scope: AddrScope,
+}
+
+impl AddressView {
+    /// Could an IPAM have handed it out? (Not loopback, not link-local.)
+    #[must_use]
+    pub fn is_global(&self) -> bool {
+        self.scope == AddrScope::Global
+    }
+}
+
+/// Which netns something lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct NetnsRef {
+    pub inode: Option<NetnsInode>,
+    pub nsid: Option<i32>,
+    /// The agent's own netns (the host's, with hostNetwork).
+    pub host: bool,
+}
+
+/// The other end of a veth, or the lower device of a macvlan/ipvlan/vlan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LinkRef {
+    pub ifindex: u32,
+    pub ifname: Option<String>,
+    /// `None` while the model has not yet resolved where it lives.
+    pub netns: Option<NetnsRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InterfaceView {
+    pub ifindex: u32,
+    pub name: Option<String>,
+    /// `IFLA_INFO_KIND` (veth, bridge, macvlan, ...); none for physical.
+    pub kind: Option<String>,
+    pub up: bool,
+    pub mac: Option<String>,
+    pub master: Option<u32>,
+    pub link: Option<LinkRef>,
+}
+
+/// One netns as the model knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetnsView {
+    pub inode: Option<NetnsInode>,
+    /// Its nsid in the agent's netns.
+    pub nsid: Option<i32>,
+    pub host: bool,
+    pub alive: bool,
+    #[serde(serialize_with = "time")]
+    pub first_seen: SystemTime,
+    /// Seconds since `first_seen`, when the snapshot was taken.
+    pub age_secs: u64,
+    #[serde(serialize_with = "opt_time")]
+    pub died_at: Option<SystemTime>,
+    pub death_source: Option<DeathSource>,
+    pub creator: Option<Creator>,
+    /// nsfs bind mounts (e.g. /run/netns/cni-...), as of the last scan.
+    pub bind_mounts: Vec<PathBuf>,
+    /// Processes in it, as of the last full scan.
+    pub process_count: u32,
+    pub processes: Vec<ProcessRef>,
+    pub interfaces: Vec<InterfaceView>,
+    pub addresses: Vec<AddressView>,
+    /// Host routes (main table, /32 or /128) through an interface whose
+    /// peer lives in this netns.
+    pub host_routes: Vec<IpAddr>,
+}
+
+impl NetnsView {
+    pub fn global_addresses(&self) -> impl Iterator<Item = &AddressView> {
+        self.addresses.iter().filter(|a| a.is_global())
+    }
+
+    #[must_use]
+    pub fn netns_ref(&self) -> NetnsRef {
+        NetnsRef { inode: self.inode, nsid: self.nsid, host: self.host }
+    }
+}
+
+/// A route in the agent's netns to a single address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostRouteView {
+    pub dst: IpAddr,
+    pub prefix_len: u8,
+    pub oif: u32,
+    pub ifname: Option<String>,
+    pub table: u32,
+    pub protocol: u8,
+    /// The netns behind `oif` (its veth peer's), when known.
+    pub netns: Option<NetnsRef>,
+}
+
+/// Drift a resync found and corrected.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Corrections {
+    /// Live netns no event had announced.
+    pub netns_found: u64,
+    /// Netns found dead whose death no event had announced.
+    pub netns_lost: u64,
+    pub links: u64,
+    pub addresses: u64,
+    pub routes: u64,
+}
+
+impl Corrections {
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.netns_found + self.netns_lost + self.links + self.addresses + self.routes
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ModelStats {
+    /// The first full sync has completed.
+    pub ready: bool,
+    pub resyncs: u64,
+    #[serde(serialize_with = "opt_time")]
+    pub last_resync_at: Option<SystemTime>,
+    pub corrections: Corrections,
+    /// ENOBUFS: notifications lost, each followed by a full resync.
+    pub overruns: u64,
+    pub deaths: u64,
+    /// Death notices the consumer had no room for (the snapshot keeps them).
+    pub deaths_dropped: u64,
+    pub nsids_assigned: u64,
+    pub malformed_messages: u64,
+    pub kernel_events: u64,
+    /// Netns announced by a probe that were gone before they could be
+    /// opened.
+    pub unresolved_creations: u64,
+}
+
+/// The whole model at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelSnapshot {
+    #[serde(serialize_with = "time")]
+    pub taken_at: SystemTime,
+    /// The agent's own netns first, then live ones by first sight, then
+    /// recently dead ones by time of death.
+    pub netns: Vec<NetnsView>,
+    pub host_routes: Vec<HostRouteView>,
+    pub stats: ModelStats,
+}
+
+impl ModelSnapshot {
+    pub fn alive(&self) -> impl Iterator<Item = &NetnsView> {
+        self.netns.iter().filter(|n| n.alive)
+    }
+
+    /// The live netns with this inode.
+    #[must_use]
+    pub fn live_by_inode(&self, inode: NetnsInode) -> Option<&NetnsView> {
+        self.alive().find(|n| n.inode == Some(inode))
+    }
+
+    /// Every live netns that holds `ip`.
+    pub fn holders_of(&self, ip: IpAddr) -> impl Iterator<Item = &NetnsView> {
+        self.alive().filter(move |n| n.addresses.iter().any(|a| a.ip == ip))
+    }
+}
+
+/// Sent once for each netns the model sees die.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetnsDeath {
+    pub inode: Option<NetnsInode>,
+    pub nsid: Option<i32>,
+    #[serde(serialize_with = "time")]
+    pub at: SystemTime,
+    pub source: DeathSource,
+    /// Global-scope addresses it held when it died.
+    pub addresses: Vec<AddressView>,
+    pub bind_mounts: Vec<PathBuf>,
+    #[serde(serialize_with = "time")]
+    pub first_seen: SystemTime,
+    pub creator: Option<Creator>,
+}
+
+impl NetnsDeath {
+    pub(crate) fn from_view(v: &NetnsView, at: SystemTime, source: DeathSource) -> Self {
+        Self {
+            inode: v.inode,
+            nsid: v.nsid,
+            at,
+            source,
+            addresses: v.global_addresses().cloned().collect(),
+            bind_mounts: v.bind_mounts.clone(),
+            first_seen: v.first_seen,
+            creator: v.creator.clone(),
+        }
+    }
+}

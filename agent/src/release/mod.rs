@@ -1,0 +1,221 @@
+//! The release executor: acts on orphaned verdicts only, journals every
+//! release (intent fsync'd before acting, outcome after), and on restart
+//! re-verifies what an earlier run left half done.
+//!
+//! - [`journal`]: the crash-safe journal in the state dir.
+//! - `hostlocal`: the host-local releaser (the plugin's own flock).
+//! - `cache`: removal of the released attachment's CNI cache entry.
+//! - [`report`]: scan reports and releasing exactly what a reviewed one lists.
+
+mod cache;
+mod hostlocal;
+pub mod journal;
+pub mod outcome;
+pub mod report;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use self::{
+    journal::{DEFAULT_STATE_DIR, Intent, Journal, JournalError},
+    outcome::Outcome,
+    report::{release_reviewed, scan_report},
+};
+use crate::{
+    engine::{Status, Verdict},
+    ipam::Reservation,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// Without a journal nothing is released.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+}
+
+/// How the releaser acts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaserConfig {
+    /// Journal and report, change no store.
+    pub dry_run: bool,
+    /// libcni's results dir; when set, a released attachment's entry goes too.
+    pub cni_cache_dir: Option<PathBuf>,
+    /// Failure injection for crash tests: abort the process right after the
+    /// intent is fsync'd, before the store is touched.
+    #[doc(hidden)]
+    #[serde(skip)]
+    pub abort_after_intent: bool,
+}
+
+/// One release attempt, for reports and logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRecord {
+    /// The journal intent; None when nothing was journaled (refused).
+    pub intent_id: Option<String>,
+    pub dry_run: bool,
+    pub verdict: Verdict,
+    pub outcome: Outcome,
+    /// The fresh verdict of a re-verification, when there was one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverified: Option<Verdict>,
+}
+
+/// Releases orphaned reservations, one at a time, journaled.
+#[derive(Debug)]
+pub struct Releaser {
+    journal: Journal,
+    config: ReleaserConfig,
+}
+
+impl Releaser {
+    #[must_use]
+    pub fn new(journal: Journal, config: ReleaserConfig) -> Self {
+        Self { journal, config }
+    }
+
+    /// Opens the journal in `state_dir` (taking its lock).
+    pub fn open(state_dir: &Path, config: ReleaserConfig) -> Result<Self, ReleaseError> {
+        Ok(Self::new(Journal::open(state_dir)?, config))
+    }
+
+    #[must_use]
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    #[must_use]
+    pub fn config(&self) -> &ReleaserConfig {
+        &self.config
+    }
+
+    /// Releases the reservation of an orphaned verdict. Anything else is
+    /// refused without touching the journal or a store. Errors only when the
+    /// journal cannot be written (then nothing more is done).
+    pub fn release(&mut self, verdict: &Verdict) -> Result<ReleaseRecord, ReleaseError> {
+        let dry_run = self.config.dry_run;
+        let refused = |reason: String| ReleaseRecord {
+            intent_id: None,
+            dry_run,
+            verdict: verdict.clone(),
+            outcome: Outcome::Refused { reason },
+            reverified: None,
+        };
+        if verdict.status != Status::Orphaned {
+            return Ok(refused(format!("verdict is {}, not orphaned", verdict.status)));
+        }
+        if let Err(reason) = hostlocal::target(&verdict.reservation) {
+            return Ok(refused(reason));
+        }
+        let intent = self.journal.record_intent(verdict, dry_run)?;
+        if self.config.abort_after_intent {
+            std::process::abort();
+        }
+        let outcome = self.execute(&verdict.reservation, dry_run);
+        self.journal.record_outcome(&intent.id, &outcome, None)?;
+        log_outcome(&verdict.reservation, &outcome, dry_run);
+        Ok(ReleaseRecord { intent_id: Some(intent.id), dry_run, verdict: verdict.clone(), outcome, reverified: None })
+    }
+
+    /// Releases every orphaned verdict; the others are skipped silently.
+    pub fn release_orphaned(&mut self, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+        verdicts.iter().filter(|v| v.is_orphaned()).map(|v| self.release(v)).collect()
+    }
+
+    /// Settles the intents an earlier run left without outcome. Each is
+    /// re-verified from scratch by `reverify` (the caller runs the engine on
+    /// fresh observations for that reservation) and acted on only if still
+    /// orphaned; the store check then finds out whether the earlier run got
+    /// as far as the unlink (`AlreadyGone`), so nothing is released twice and
+    /// nothing is lost. Dry-run intents are closed without acting.
+    pub fn recover(&mut self, mut reverify: impl FnMut(&Reservation) -> Verdict) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+        let pending: Vec<Intent> = self.journal.pending().to_vec();
+        let mut records = Vec::with_capacity(pending.len());
+        for intent in pending {
+            let reservation = &intent.verdict.reservation;
+            let (outcome, reverified) = if intent.dry_run {
+                (Outcome::DryRunClosed, None)
+            } else {
+                let fresh = reverify(reservation);
+                let outcome = if fresh.reservation != *reservation {
+                    Outcome::Refused { reason: "re-verification judged a different reservation".into() }
+                } else if fresh.status != Status::Orphaned {
+                    Outcome::Kept { status: fresh.status, reason: fresh.summary.clone() }
+                } else if let Err(reason) = hostlocal::target(reservation) {
+                    Outcome::Refused { reason }
+                } else {
+                    self.execute(reservation, false)
+                };
+                (outcome, Some(fresh))
+            };
+            self.journal.record_outcome(&intent.id, &outcome, reverified.as_ref())?;
+            tracing::info!(intent = %intent.id, ip = %reservation.ip, network = %reservation.network, "recovered intent: {outcome}");
+            records.push(ReleaseRecord {
+                intent_id: Some(intent.id),
+                dry_run: intent.dry_run,
+                verdict: intent.verdict,
+                outcome,
+                reverified,
+            });
+        }
+        Ok(records)
+    }
+
+    /// The store work: file under the plugin's lock, then the cache entry.
+    fn execute(&self, r: &Reservation, dry_run: bool) -> Outcome {
+        let target = match hostlocal::target(r) {
+            Ok(t) => t,
+            Err(reason) => return Outcome::Refused { reason },
+        };
+        let mut outcome = if dry_run { hostlocal::would_release(r, &target) } else { hostlocal::release(r, &target) };
+        // After a crash between unlink and cache removal the file is gone but
+        // the entry may remain: clean it up too.
+        let wants_cache = matches!(outcome, Outcome::Released { .. } | Outcome::WouldRelease { .. } | Outcome::AlreadyGone);
+        let Some(cache_dir) = self.config.cni_cache_dir.as_deref().filter(|_| wants_cache) else {
+            return outcome;
+        };
+        let (entries, mut notes) = cache::entries_for(cache_dir, r);
+        let still_held = hostlocal::other_ips_of(&r.container_id, r.ifname.as_deref(), &target, r.ip);
+        let (entries, mut notes) = if entries.is_empty() || still_held.is_empty() {
+            (entries, notes)
+        } else {
+            let held: Vec<String> = still_held.iter().map(ToString::to_string).collect();
+            notes.push(format!("attachment still holds {}; cache entry kept", held.join(", ")));
+            (Vec::new(), notes)
+        };
+        match &mut outcome {
+            Outcome::WouldRelease { cache_entries, cache_notes } => {
+                *cache_entries = entries.into_iter().map(|a| a.path).collect();
+                *cache_notes = notes;
+            }
+            Outcome::Released { cache_entries_removed, cache_notes } => {
+                let (removed, more) = cache::remove(cache_dir, &entries);
+                notes.extend(more);
+                *cache_entries_removed = removed;
+                *cache_notes = notes;
+            }
+            Outcome::AlreadyGone if !dry_run => {
+                let (removed, more) = cache::remove(cache_dir, &entries);
+                notes.extend(more);
+                if !removed.is_empty() {
+                    tracing::info!(ip = %r.ip, "reservation already gone; removed its leftover CNI cache entry");
+                }
+                if !notes.is_empty() {
+                    tracing::debug!(ip = %r.ip, "cache: {}", notes.join("; "));
+                }
+            }
+            _ => {}
+        }
+        outcome
+    }
+}
+
+fn log_outcome(r: &Reservation, outcome: &Outcome, dry_run: bool) {
+    tracing::info!(
+        network = %r.network,
+        ip = %r.ip,
+        container_id = %r.container_id,
+        dry_run,
+        "release: {outcome}"
+    );
+}

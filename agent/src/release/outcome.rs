@@ -1,0 +1,71 @@
+//! What a release did, as journaled and reported.
+
+use std::{fmt, path::PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{engine::Status, ipam::AnomalyKind};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Outcome {
+    /// The reservation file was removed under the plugin's lock.
+    Released {
+        cache_entries_removed: Vec<PathBuf>,
+        /// Cache entries looked at and kept, and why.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cache_notes: Vec<String>,
+    },
+    /// Dry run: the file still names the same owner and would be removed.
+    WouldRelease {
+        cache_entries: Vec<PathBuf>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        cache_notes: Vec<String>,
+    },
+    /// The file no longer exists (released by the plugin, or by an earlier
+    /// run of netreap that died before writing its outcome).
+    AlreadyGone,
+    /// The file names another owner, or is another file: not touched.
+    OwnerChanged { found: String },
+    /// Re-verification said keep.
+    Kept { status: Status, reason: String },
+    /// Not acted on: not orphaned, or not a reservation netreap can release.
+    Refused { reason: String },
+    /// The file became something that is not a reservation: not touched.
+    Anomalous { kind: AnomalyKind, detail: String },
+    /// The store could not be read or changed.
+    Failed { error: String },
+    /// A dry-run intent found without outcome at start: nothing was done.
+    DryRunClosed,
+}
+
+impl Outcome {
+    /// Whether a store was changed.
+    #[must_use]
+    pub fn released(&self) -> bool {
+        matches!(self, Self::Released { .. })
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let paths = |v: &[PathBuf]| v.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
+        match self {
+            Self::Released { cache_entries_removed, .. } if cache_entries_removed.is_empty() => f.write_str("released"),
+            Self::Released { cache_entries_removed, .. } => {
+                write!(f, "released; CNI cache entry removed: {}", paths(cache_entries_removed))
+            }
+            Self::WouldRelease { cache_entries, .. } if cache_entries.is_empty() => f.write_str("would release (dry run)"),
+            Self::WouldRelease { cache_entries, .. } => {
+                write!(f, "would release and remove CNI cache entry {} (dry run)", paths(cache_entries))
+            }
+            Self::AlreadyGone => f.write_str("already gone"),
+            Self::OwnerChanged { found } => write!(f, "not released: owner changed ({found})"),
+            Self::Kept { status, reason } => write!(f, "kept: now {status}: {reason}"),
+            Self::Refused { reason } => write!(f, "refused: {reason}"),
+            Self::Anomalous { kind, detail } => write!(f, "not released: {kind:?}: {detail}"),
+            Self::Failed { error } => write!(f, "failed: {error}"),
+            Self::DryRunClosed => f.write_str("dry-run intent closed; nothing was done"),
+        }
+    }
+}
