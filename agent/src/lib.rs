@@ -3,9 +3,24 @@
 //!
 //! Data flow, one folder each: `kernel` (eBPF probes) -> `telemetry`
 //! (event stream, logs).
+//!
+//! Namespaces: `discovery` (nsfs mounts, /proc/*/ns/net), `netlink` (one
+//! rtnetlink socket hearing every netns by nsid) and `kernel` -> `model`
+//! (every netns with its links, addresses, host routes and death).
+//!
+//! Reservations: `ipam` (host-local data dirs, libcni cache; anomalies are
+//! reported, never touched) -> `engine` (pure decision: in use, pending,
+//! orphaned, conflict, with evidence) -> `release` (journaled, under the
+//! plugin's lock; re-verified after a crash).
 
 pub mod cnirt;
 pub mod config;
+pub mod discovery;
+pub mod engine;
+pub mod ipam;
 pub mod kernel;
 pub mod ledger;
+pub mod model;
+pub mod netlink;
+pub mod release;
 pub mod telemetry;

@@ -27,6 +27,9 @@ enum Command {
     Run(cli::run::RunArgs),
     /// Report which probes load on this kernel, and why the others do not.
     Probes(cli::probes::ProbesArgs),
+    /// Print every network namespace with its interfaces, addresses, age
+    /// and creator (`--json`: the model snapshot).
+    Netns(cli::netns::NetnsArgs),
     /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
     Config(cli::config::ConfigArgs),
 }
@@ -37,6 +40,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cli::run::main(args),
         Command::Probes(args) => cli::probes::main(&args),
+        Command::Netns(args) => cli::netns::main(&args),
         Command::Config(args) => cli::config::main(&args),
     };
     match result {

@@ -18,6 +18,11 @@ use super::{
 };
 use crate::ipam::Reservation;
 
+/// How far apart two wall-clock times from different sources (a death
+/// stamped from `CLOCK_MONOTONIC`, a file mtime from the coarse kernel clock)
+/// may be and still be taken in the order they claim.
+pub const CLOCK_SLACK: Duration = Duration::from_secs(1);
+
 /// One verdict per reservation, in the same order.
 #[must_use]
 pub fn decide(obs: &Observations, reservations: &[Reservation], now: SystemTime, policy: &Policy) -> Vec<Verdict> {
@@ -114,6 +119,14 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
     for link in links {
         match link {
             Link::Live(n, via) => in_use.push(Fact::BoundToLiveNetns { netns: n.id, via }),
+            // A netns that died before this reservation was made cannot be
+            // where its IP went: the container has a later netns, unknown.
+            Link::Dead(d, via) if d.died_at + CLOCK_SLACK < r.created_at => {
+                unresolved.push((
+                    Fact::BoundNetnsDiedBeforeReservation { netns: d.id, died_at: d.died_at, via },
+                    r.created_at,
+                ));
+            }
             Link::Dead(d, via) => dead.push(Fact::BoundNetnsDied { netns: d.id, died_at: d.died_at, via }),
             Link::Unresolved(fact, seen_at) => unresolved.push((fact, seen_at)),
         }

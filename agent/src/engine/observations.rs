@@ -218,9 +218,9 @@ pub fn same_netns_path(a: &Path, b: &Path) -> bool {
     }
     let (a, b) = (norm(a), norm(b));
     // strip_prefix drops the leading '/', so compare component-wise.
-    a.components().filter(|c| !matches!(c, std::path::Component::RootDir)).eq(b
-        .components()
-        .filter(|c| !matches!(c, std::path::Component::RootDir)))
+    a.components()
+        .filter(|c| !matches!(c, std::path::Component::RootDir))
+        .eq(b.components().filter(|c| !matches!(c, std::path::Component::RootDir)))
 }
 
 #[cfg(test)]

@@ -262,6 +262,27 @@ fn a_reused_inode_is_told_apart_by_nsid_and_time() {
 }
 
 #[test]
+fn a_netns_that_died_before_the_reservation_is_not_its_death() {
+    let r = res("c1", "10.0.0.2", now() - Duration::from_mins(2));
+    let obs =
+        Observations { dead: vec![dead(id(5, 1), now() - Duration::from_mins(5), &["c1"], &[])], ..Default::default() };
+    let v = one(&obs, &r);
+    assert_eq!(v.status, Status::Pending, "{}", v.summary);
+    assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDiedBeforeReservation { .. })));
+    // Within the clock slack the order of the two clocks is not trusted.
+    let close =
+        Observations { dead: vec![dead(id(5, 1), r.created_at - Duration::from_millis(500), &["c1"], &[])], ..obs };
+    assert_eq!(one(&close, &r).status, Status::Orphaned);
+    // Past the orphan grace it is a leak all the same.
+    let old = res("c1", "10.0.0.2", now() - Duration::from_mins(11));
+    let older = Observations {
+        dead: vec![dead(id(5, 1), now() - Duration::from_mins(12), &["c1"], &[])],
+        ..Default::default()
+    };
+    assert_eq!(one(&older, &old).status, Status::Orphaned);
+}
+
+#[test]
 fn a_dead_netns_that_held_the_ip_counts_only_when_it_can_be_the_owners() {
     let r = res("c1", "10.0.0.2", t(100));
     let held = Observations { dead: vec![dead(id(5, 1), t(200), &[], &["10.0.0.2"])], ..Default::default() };
@@ -271,7 +292,8 @@ fn a_dead_netns_that_held_the_ip_counts_only_when_it_can_be_the_owners() {
     // Died before the reservation was made: a previous holder of the IP.
     let before = Observations { dead: vec![dead(id(5, 1), t(50), &[], &["10.0.0.2"])], ..Default::default() };
     let r_recent = res("c1", "10.0.0.2", now() - Duration::from_mins(1));
-    let before_recent = Observations { dead: vec![dead(id(5, 1), now() - Duration::from_secs(90), &[], &["10.0.0.2"])], ..before };
+    let before_recent =
+        Observations { dead: vec![dead(id(5, 1), now() - Duration::from_secs(90), &[], &["10.0.0.2"])], ..before };
     assert_eq!(one(&before_recent, &r_recent).status, Status::Pending);
     // Another container's netns.
     let others = Observations { dead: vec![dead(id(5, 1), now(), &["c2"], &["10.0.0.2"])], ..Default::default() };
@@ -295,7 +317,10 @@ fn verdicts_serialize_with_readable_reasons_and_round_trip() {
 fn report_totals_per_network() {
     let mut r2 = res("c2", "10.0.0.3", t(0));
     r2.network = "net2".into();
-    let scan = StoreScan { reservations: vec![res("c1", "10.0.0.2", t(0)), r2, res("c3", "10.0.0.4", t(0))], anomalies: vec![] };
+    let scan = StoreScan {
+        reservations: vec![res("c1", "10.0.0.2", t(0)), r2, res("c3", "10.0.0.4", t(0))],
+        anomalies: vec![],
+    };
     let obs = Observations {
         dead: vec![dead(id(5, 1), t(100), &["c1", "c2"], &[])],
         live: vec![live(id(6, 1), &["c3"], &[], &[])],
@@ -338,7 +363,12 @@ fn a_netns_ref() -> impl Strategy<Value = NetnsRef> {
     prop_oneof![a_netns_id().prop_map(NetnsRef::Id), a_path().prop_map(NetnsRef::Path)]
 }
 fn a_live() -> impl Strategy<Value = LiveNetns> {
-    (a_netns_id(), prop::collection::vec(a_cid(), 0..3), prop::collection::vec(an_ip(), 0..3), prop::collection::vec(a_path(), 0..2))
+    (
+        a_netns_id(),
+        prop::collection::vec(a_cid(), 0..3),
+        prop::collection::vec(an_ip(), 0..3),
+        prop::collection::vec(a_path(), 0..2),
+    )
         .prop_map(|(id, container_ids, addresses, paths)| LiveNetns { id, container_ids, addresses, paths })
 }
 fn a_dead() -> impl Strategy<Value = DeadNetns> {
@@ -349,16 +379,26 @@ fn a_dead() -> impl Strategy<Value = DeadNetns> {
         prop::collection::vec(an_ip(), 0..3),
         prop::collection::vec(a_path(), 0..2),
     )
-        .prop_map(|(id, died_at, container_ids, addresses, paths)| DeadNetns { id, died_at, container_ids, addresses, paths })
+        .prop_map(|(id, died_at, container_ids, addresses, paths)| DeadNetns {
+            id,
+            died_at,
+            container_ids,
+            addresses,
+            paths,
+        })
 }
 fn a_binding() -> impl Strategy<Value = Binding> {
     let source = prop::sample::select(vec![BindingSource::CniExec, BindingSource::CniCache, BindingSource::Runtime]);
-    (a_cid(), a_netns_ref(), source, a_time())
-        .prop_map(|(container_id, netns, source, seen_at)| Binding { container_id, netns, source, seen_at })
+    (a_cid(), a_netns_ref(), source, a_time()).prop_map(|(container_id, netns, source, seen_at)| Binding {
+        container_id,
+        netns,
+        source,
+        seen_at,
+    })
 }
 fn an_op() -> impl Strategy<Value = CniOp> {
-    (prop::option::of(a_cid()), any::<bool>(), a_time(), prop::option::of(a_time()), prop::option::of(-1i32..3)).prop_map(
-        |(container_id, container_id_truncated, started_at, finished_at, exit_code)| CniOp {
+    (prop::option::of(a_cid()), any::<bool>(), a_time(), prop::option::of(a_time()), prop::option::of(-1i32..3))
+        .prop_map(|(container_id, container_id_truncated, started_at, finished_at, exit_code)| CniOp {
             container_id,
             container_id_truncated,
             command: "ADD".into(),
@@ -366,8 +406,7 @@ fn an_op() -> impl Strategy<Value = CniOp> {
             started_at,
             finished_at,
             exit_code,
-        },
-    )
+        })
 }
 fn a_pod() -> impl Strategy<Value = ApiPod> {
     prop::collection::vec(an_ip(), 0..2).prop_map(|ips| ApiPod { namespace: "ns".into(), name: "p".into(), ips })
@@ -394,10 +433,8 @@ fn a_reservation() -> impl Strategy<Value = Reservation> {
     (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation { ip, ..res(&cid, "10.0.0.1", created) })
 }
 fn a_policy() -> impl Strategy<Value = Policy> {
-    (0u64..120, 0u64..12_000).prop_map(|(f, o)| Policy {
-        in_flight_grace: Duration::from_secs(f),
-        orphan_grace: Duration::from_secs(o),
-    })
+    (0u64..120, 0u64..12_000)
+        .prop_map(|(f, o)| Policy { in_flight_grace: Duration::from_secs(f), orphan_grace: Duration::from_secs(o) })
 }
 
 /// The facts the invariants speak of, computed independently of the engine

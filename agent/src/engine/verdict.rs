@@ -1,7 +1,11 @@
 //! Verdicts and the evidence that decided them, for machines (tagged JSON)
 //! and for people (`text`, `summary`).
 
-use std::{fmt, path::PathBuf, time::Duration, time::SystemTime};
+use std::{
+    fmt,
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -62,11 +66,21 @@ impl fmt::Display for Via {
 #[serde(tag = "fact", rename_all = "snake_case")]
 pub enum Fact {
     /// The IP is configured in a live netns of its own container.
-    IpInOwnLiveNetns { netns: NetnsId, paths: Vec<PathBuf> },
+    IpInOwnLiveNetns {
+        netns: NetnsId,
+        paths: Vec<PathBuf>,
+    },
     /// The IP is configured in a live netns whose containers are unknown or
     /// others than the reservation's.
-    IpInOtherLiveNetns { netns: NetnsId, containers: Vec<String>, paths: Vec<PathBuf> },
-    BoundToLiveNetns { netns: NetnsId, via: Via },
+    IpInOtherLiveNetns {
+        netns: NetnsId,
+        containers: Vec<String>,
+        paths: Vec<PathBuf>,
+    },
+    BoundToLiveNetns {
+        netns: NetnsId,
+        via: Via,
+    },
     CniOpInFlight {
         container_id: Option<String>,
         command: String,
@@ -75,7 +89,10 @@ pub enum Fact {
         started_at: SystemTime,
     },
     RuntimeListsSandbox,
-    ApiPodHasIp { namespace: String, name: String },
+    ApiPodHasIp {
+        namespace: String,
+        name: String,
+    },
     Young {
         #[serde(with = "timefmt::duration")]
         age: Duration,
@@ -102,6 +119,14 @@ pub enum Fact {
         died_at: SystemTime,
         via: Via,
     },
+    /// Its container's netns died before the reservation was made: the
+    /// reservation belongs to a later netns nobody has seen.
+    BoundNetnsDiedBeforeReservation {
+        netns: NetnsId,
+        #[serde(with = "timefmt::rfc3339")]
+        died_at: SystemTime,
+        via: Via,
+    },
     NeverSeenBound {
         #[serde(with = "timefmt::duration")]
         age: Duration,
@@ -120,7 +145,9 @@ pub enum Fact {
     NoCniOpInFlight,
     RuntimeDoesNotListSandbox,
     /// An optional source was not available to check.
-    SourceUnavailable { source: String },
+    SourceUnavailable {
+        source: String,
+    },
 }
 
 impl fmt::Display for Fact {
@@ -135,7 +162,9 @@ impl fmt::Display for Fact {
             Self::IpInOtherLiveNetns { netns, containers, .. } => {
                 write!(f, "its IP is configured in live netns {netns} of container(s) {}", containers.join(", "))
             }
-            Self::BoundToLiveNetns { netns, via } => write!(f, "its container is bound to live netns {netns} (via {via})"),
+            Self::BoundToLiveNetns { netns, via } => {
+                write!(f, "its container is bound to live netns {netns} (via {via})")
+            }
             Self::CniOpInFlight { container_id: Some(id), command, plugin, started_at } => {
                 write!(f, "CNI {command} by {plugin} for container {id} in flight since {}", time(started_at))
             }
@@ -151,11 +180,20 @@ impl fmt::Display for Fact {
                 write!(f, "never seen bound; reserved {} ago, orphan grace is {}", human(*age), human(*grace))
             }
             Self::UnresolvedBinding { netns, source, seen_at } => {
-                write!(f, "bound to netns {netns} (from the {source}, seen {}), neither live nor seen to die", time(seen_at))
+                write!(
+                    f,
+                    "bound to netns {netns} (from the {source}, seen {}), neither live nor seen to die",
+                    time(seen_at)
+                )
             }
             Self::BoundNetnsDied { netns, died_at, via } => {
                 write!(f, "its netns {netns} died at {} (bound via {via})", time(died_at))
             }
+            Self::BoundNetnsDiedBeforeReservation { netns, died_at, via } => write!(
+                f,
+                "its container's netns {netns} died at {}, before this IP was reserved (bound via {via})",
+                time(died_at)
+            ),
             Self::NeverSeenBound { age, grace } => {
                 write!(f, "never seen bound; reserved {} ago, past the orphan grace of {}", human(*age), human(*grace))
             }

@@ -7,8 +7,7 @@
 //! evidence (container ID -> netns path, IPs), never the reservation itself.
 
 use std::{
-    fs,
-    io,
+    fs, io,
     net::IpAddr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -134,7 +133,11 @@ pub struct RawAttachment {
 }
 
 /// Reads one entry in an opened cache dir. `Ok(None)`: no such file.
-pub(crate) fn read_entry(dir: &Dir, dir_path: &Path, name: &str) -> Result<Option<CachedAttachment>, (AnomalyKind, String)> {
+pub(crate) fn read_entry(
+    dir: &Dir,
+    dir_path: &Path,
+    name: &str,
+) -> Result<Option<CachedAttachment>, (AnomalyKind, String)> {
     let (bytes, meta) = match safefs::read_bounded(dir, name, MAX_CACHE_BYTES) {
         Ok(Bounded::Content(bytes, meta)) => (bytes, meta),
         Ok(Bounded::NotRegular(meta)) => {
@@ -142,7 +145,10 @@ pub(crate) fn read_entry(dir: &Dir, dir_path: &Path, name: &str) -> Result<Optio
             return Err((kind, "not a regular file".into()));
         }
         Ok(Bounded::TooLarge(meta)) => {
-            return Err((AnomalyKind::Oversized, format!("{} bytes, over the {MAX_CACHE_BYTES}-byte limit", meta.size())));
+            return Err((
+                AnomalyKind::Oversized,
+                format!("{} bytes, over the {MAX_CACHE_BYTES}-byte limit", meta.size()),
+            ));
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -196,7 +202,8 @@ impl CniCache {
         let (dir, entries) = match listing {
             Ok(found) => found,
             Err(e) => {
-                let kind = if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
+                let kind =
+                    if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
                 out.anomalies.push(Anomaly::new(&store, None, &self.dir, kind, e.to_string()));
                 return out;
             }

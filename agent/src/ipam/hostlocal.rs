@@ -5,8 +5,7 @@
 //! flock) and `last_reserved_ip.<range>`, which are not reservations.
 
 use std::{
-    fs,
-    io,
+    fs, io,
     net::IpAddr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
@@ -229,7 +228,8 @@ impl ReservationStore for HostLocalStore {
         let entries = match fs::read_dir(root) {
             Ok(entries) => entries,
             Err(e) => {
-                let kind = if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
+                let kind =
+                    if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
                 out.anomalies.push(Anomaly::new(&store, None, root, kind, e.to_string()));
                 return out;
             }
@@ -243,8 +243,7 @@ impl ReservationStore for HostLocalStore {
                 }
             };
             let path = entry.path();
-            let Some(name) = entry.file_name().to_str().filter(|n| is_valid_network_name(n)).map(str::to_owned)
-            else {
+            let Some(name) = entry.file_name().to_str().filter(|n| is_valid_network_name(n)).map(str::to_owned) else {
                 let detail = "not a usable network name (not UTF-8 or holds control characters)";
                 out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::UnparsableName, detail));
                 continue;

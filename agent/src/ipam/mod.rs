@@ -69,8 +69,9 @@ pub struct Reservation {
     #[serde(with = "timefmt::rfc3339")]
     pub created_at: SystemTime,
     pub path: PathBuf,
-    /// Inode of the file when scanned: a release checks it is still the same
-    /// file, so a file deleted and re-created in between is never removed.
+    /// Inode of the file when scanned. A release checks inode and mtime are
+    /// unchanged, so a file deleted and re-created in between (even for the
+    /// same owner) is never removed on the strength of an older decision.
     pub inode: u64,
 }
 
@@ -128,7 +129,13 @@ pub struct Anomaly {
 }
 
 impl Anomaly {
-    pub(crate) fn new(store: &StoreRef, network: Option<&str>, path: &Path, kind: AnomalyKind, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        store: &StoreRef,
+        network: Option<&str>,
+        path: &Path,
+        kind: AnomalyKind,
+        detail: impl Into<String>,
+    ) -> Self {
         Self {
             store: store.clone(),
             network: network.map(str::to_owned),

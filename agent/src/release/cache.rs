@@ -2,7 +2,11 @@
 //! that names the same network, container and ifname, lists the released IP
 //! (or none), and whose attachment holds no other IP in the store.
 
-use std::{io, net::IpAddr, path::{Path, PathBuf}};
+use std::{
+    io,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
 
 use crate::ipam::{
     Reservation,

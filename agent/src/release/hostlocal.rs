@@ -22,10 +22,13 @@ pub(crate) struct Target {
     pub name: String,
 }
 
-pub(crate) fn target(r: &Reservation) -> Result<Target, String> {
+pub(crate) fn target(r: &Reservation, allowed: &[PathBuf]) -> Result<Target, String> {
     let StoreRef::HostLocal { data_dir } = &r.store else {
         return Err(format!("{} is not a host-local store", r.store));
     };
+    if !allowed.contains(data_dir) {
+        return Err(format!("data dir {} is not one this releaser is configured for", data_dir.display()));
+    }
     if !is_valid_network_name(&r.network) {
         return Err(format!("network {:?} is not a plain directory name", r.network));
     }
@@ -33,7 +36,12 @@ pub(crate) fn target(r: &Reservation) -> Result<Target, String> {
     let network_dir = data_dir.join(&r.network);
     let expected = network_dir.join(&name);
     if expected != r.path {
-        return Err(format!("path {} is not where host-local keeps {} ({})", r.path.display(), r.ip, expected.display()));
+        return Err(format!(
+            "path {} is not where host-local keeps {} ({})",
+            r.path.display(),
+            r.ip,
+            expected.display()
+        ));
     }
     Ok(Target { network_dir, name })
 }
@@ -55,9 +63,20 @@ fn check(r: &Reservation, read: ReadOwner) -> Result<(), Outcome> {
         ReadOwner::Gone => Err(Outcome::AlreadyGone),
         ReadOwner::Anomaly(kind, detail) => Err(Outcome::Anomalous { kind, detail }),
         ReadOwner::Owner(owner, _) if owner != r.owner() => Err(Outcome::OwnerChanged { found: owner.to_string() }),
-        ReadOwner::Owner(_, meta) if meta.ino() != r.inode => Err(Outcome::OwnerChanged {
-            found: format!("same owner, but a re-created file (inode {}, was {})", meta.ino(), r.inode),
-        }),
+        // Inodes are reused at once on most filesystems: the mtime tells a
+        // file re-created for the same owner (host-local never rewrites one).
+        ReadOwner::Owner(_, meta) if meta.ino() != r.inode || meta.modified().ok() != Some(r.created_at) => {
+            Err(Outcome::OwnerChanged {
+                found: format!(
+                    "same owner, but a re-created file (inode {}, was {}; mtime {}, was {})",
+                    meta.ino(),
+                    r.inode,
+                    meta.modified()
+                        .map_or_else(|_| "unknown".into(), |t| humantime::format_rfc3339_nanos(t).to_string()),
+                    humantime::format_rfc3339_nanos(r.created_at),
+                ),
+            })
+        }
         ReadOwner::Owner(..) => Ok(()),
     }
 }

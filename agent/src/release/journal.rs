@@ -186,11 +186,21 @@ impl Journal {
     }
 
     /// Records (and fsyncs) what became of intent `id`.
-    pub fn record_outcome(&mut self, id: &str, outcome: &Outcome, reverified: Option<&Verdict>) -> Result<(), JournalError> {
+    pub fn record_outcome(
+        &mut self,
+        id: &str,
+        outcome: &Outcome,
+        reverified: Option<&Verdict>,
+    ) -> Result<(), JournalError> {
         let Some(pos) = self.pending.iter().position(|i| i.id == id) else {
             return Err(JournalError::UnknownIntent(id.to_owned()));
         };
-        let record = OutcomeRecord { id: id.to_owned(), at: SystemTime::now(), outcome: outcome.clone(), reverified: reverified.cloned() };
+        let record = OutcomeRecord {
+            id: id.to_owned(),
+            at: SystemTime::now(),
+            outcome: outcome.clone(),
+            reverified: reverified.cloned(),
+        };
         self.append(&Record::Outcome(record))?;
         self.pending.remove(pos);
         Ok(())

@@ -39,6 +39,10 @@ pub enum ReleaseError {
 pub struct ReleaserConfig {
     /// Journal and report, change no store.
     pub dry_run: bool,
+    /// The host-local data dirs this releaser may change (the configured
+    /// `--host-local-dir`s). A reservation naming any other dir (a report
+    /// edited to point elsewhere) is refused; empty refuses everything.
+    pub host_local_dirs: Vec<PathBuf>,
     /// libcni's results dir; when set, a released attachment's entry goes too.
     pub cni_cache_dir: Option<PathBuf>,
     /// Failure injection for crash tests: abort the process right after the
@@ -104,7 +108,7 @@ impl Releaser {
         if verdict.status != Status::Orphaned {
             return Ok(refused(format!("verdict is {}, not orphaned", verdict.status)));
         }
-        if let Err(reason) = hostlocal::target(&verdict.reservation) {
+        if let Err(reason) = hostlocal::target(&verdict.reservation, &self.config.host_local_dirs) {
             return Ok(refused(reason));
         }
         let intent = self.journal.record_intent(verdict, dry_run)?;
@@ -128,7 +132,10 @@ impl Releaser {
     /// orphaned; the store check then finds out whether the earlier run got
     /// as far as the unlink (`AlreadyGone`), so nothing is released twice and
     /// nothing is lost. Dry-run intents are closed without acting.
-    pub fn recover(&mut self, mut reverify: impl FnMut(&Reservation) -> Verdict) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+    pub fn recover(
+        &mut self,
+        mut reverify: impl FnMut(&Reservation) -> Verdict,
+    ) -> Result<Vec<ReleaseRecord>, ReleaseError> {
         let pending: Vec<Intent> = self.journal.pending().to_vec();
         let mut records = Vec::with_capacity(pending.len());
         for intent in pending {
@@ -141,7 +148,7 @@ impl Releaser {
                     Outcome::Refused { reason: "re-verification judged a different reservation".into() }
                 } else if fresh.status != Status::Orphaned {
                     Outcome::Kept { status: fresh.status, reason: fresh.summary.clone() }
-                } else if let Err(reason) = hostlocal::target(reservation) {
+                } else if let Err(reason) = hostlocal::target(reservation, &self.config.host_local_dirs) {
                     Outcome::Refused { reason }
                 } else {
                     self.execute(reservation, false)
@@ -163,14 +170,15 @@ impl Releaser {
 
     /// The store work: file under the plugin's lock, then the cache entry.
     fn execute(&self, r: &Reservation, dry_run: bool) -> Outcome {
-        let target = match hostlocal::target(r) {
+        let target = match hostlocal::target(r, &self.config.host_local_dirs) {
             Ok(t) => t,
             Err(reason) => return Outcome::Refused { reason },
         };
         let mut outcome = if dry_run { hostlocal::would_release(r, &target) } else { hostlocal::release(r, &target) };
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.
-        let wants_cache = matches!(outcome, Outcome::Released { .. } | Outcome::WouldRelease { .. } | Outcome::AlreadyGone);
+        let wants_cache =
+            matches!(outcome, Outcome::Released { .. } | Outcome::WouldRelease { .. } | Outcome::AlreadyGone);
         let Some(cache_dir) = self.config.cni_cache_dir.as_deref().filter(|_| wants_cache) else {
             return outcome;
         };

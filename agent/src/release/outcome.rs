@@ -55,7 +55,9 @@ impl fmt::Display for Outcome {
             Self::Released { cache_entries_removed, .. } => {
                 write!(f, "released; CNI cache entry removed: {}", paths(cache_entries_removed))
             }
-            Self::WouldRelease { cache_entries, .. } if cache_entries.is_empty() => f.write_str("would release (dry run)"),
+            Self::WouldRelease { cache_entries, .. } if cache_entries.is_empty() => {
+                f.write_str("would release (dry run)")
+            }
             Self::WouldRelease { cache_entries, .. } => {
                 write!(f, "would release and remove CNI cache entry {} (dry run)", paths(cache_entries))
             }

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 use super::{ReleaseError, ReleaseRecord, Releaser, outcome::Outcome};
 use crate::{
     engine::{Observations, Policy, ScanReport, Status, Verdict},
-    ipam::{ReservationStore, Reservation, cnicache::CniCache, scan_all},
+    ipam::{Reservation, ReservationStore, cnicache::CniCache, scan_all},
 };
 
 /// Scans `stores`, adds the CNI cache's bindings (and anomalies) when a

@@ -1,0 +1,22 @@
+//! The node model: every network namespace, its links, addresses, host
+//! routes and its death, built from rtnetlink (`netlink`), discovery
+//! (`discovery`) and the probes (`kernel`).
+//!
+//! - [`state`]: the model as a pure state machine (messages in, actions out).
+//! - [`watcher`]: runs it on the caller's tokio runtime; [`Watcher`] is the
+//!   handle, the death receiver gets a [`NetnsDeath`] per death.
+//! - [`snapshot`]: what it shows ([`ModelSnapshot`]), serializable; the
+//!   input of the decision engine and of `netreap netns --json`.
+//! - `worker`: the discovery thread (blocking file-system work).
+
+pub mod snapshot;
+pub mod state;
+pub mod watcher;
+mod worker;
+
+pub use snapshot::{
+    AddrScope, AddressView, Corrections, Creator, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot,
+    ModelStats, NetnsDeath, NetnsInode, NetnsRef, NetnsView,
+};
+pub use state::{Model, ModelConfig};
+pub use watcher::{ModelHandle, Watcher, WatcherConfig, WatcherError};

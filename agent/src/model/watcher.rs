@@ -1,0 +1,392 @@
+//! The model's driver on the caller's tokio runtime: one task owns the
+//! model and the rtnetlink socket, a thread does discovery, and a handle
+//! ([`Watcher`]) asks for snapshots, feeds probe events and forces resyncs.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::Path,
+    sync::mpsc::{SyncSender, TrySendError},
+    time::{Duration, SystemTime},
+};
+
+use tokio::{
+    io::{Interest, unix::AsyncFd},
+    sync::{mpsc, oneshot},
+    task::JoinHandle,
+    time::MissedTickBehavior,
+};
+use tracing::{debug, warn};
+
+use super::{
+    snapshot::{ModelSnapshot, NetnsDeath},
+    state::{Action, Job, Model, ModelConfig},
+    worker::{self, Report},
+};
+use crate::{
+    discovery::{self, DiscoveryError, DiscoveryPaths},
+    kernel::events::KernelEvent,
+    netlink::{
+        RECV_BUFFER, RtnlSocket, SocketError, SocketOptions,
+        wire::consts::{
+            RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE, RTNLGRP_LINK,
+            RTNLGRP_NSID,
+        },
+    },
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum WatcherError {
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    #[error(transparent)]
+    Discovery(#[from] DiscoveryError),
+    #[error("cannot start the discovery thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("cannot watch the netlink socket: {0}")]
+    Poll(#[source] std::io::Error),
+    #[error("the netns model did not finish its first sync within {0:?}")]
+    StartTimeout(Duration),
+    #[error("the netns model has stopped")]
+    Stopped,
+}
+
+#[derive(Debug, Clone)]
+pub struct WatcherConfig {
+    pub model: ModelConfig,
+    pub discovery: DiscoveryPaths,
+    /// Full resync period: rescan, re-dump, count what drifted.
+    pub resync_interval: Duration,
+    /// Death notices queued for the consumer before they are dropped (and
+    /// counted; the snapshot still has the dead netns).
+    pub death_queue: usize,
+    /// Kernel receive buffer of the socket.
+    pub receive_buffer: usize,
+    /// Give up on the first sync after this long.
+    pub start_timeout: Duration,
+}
+
+impl Default for WatcherConfig {
+    fn default() -> Self {
+        Self {
+            model: ModelConfig::default(),
+            discovery: DiscoveryPaths::default(),
+            resync_interval: Duration::from_secs(60),
+            death_queue: 4096,
+            receive_buffer: 8 << 20,
+            start_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+enum Command {
+    Snapshot(oneshot::Sender<ModelSnapshot>),
+    Kernel(Vec<KernelEvent>),
+    Resync(oneshot::Sender<()>),
+    Stop,
+}
+
+/// The running model. Dropping it (and every [`ModelHandle`]) stops the
+/// model task.
+pub struct Watcher {
+    handle: ModelHandle,
+    task: JoinHandle<Result<(), WatcherError>>,
+}
+
+/// A cheap, clonable way to talk to the model from other tasks (the probe
+/// reader, the state endpoint).
+#[derive(Clone)]
+pub struct ModelHandle {
+    commands: mpsc::Sender<Command>,
+}
+
+/// Datagrams read per wake-up before other work gets a turn.
+const DATAGRAMS_PER_WAKE: usize = 256;
+const COMMAND_QUEUE: usize = 256;
+
+impl Watcher {
+    /// Opens the socket (subscribed before anything is dumped), starts the
+    /// discovery thread and the model task on the current runtime, and
+    /// returns once the first full sync is done: every netns that exists
+    /// now is in the model. The receiver gets one [`NetnsDeath`] per death.
+    pub async fn start(config: WatcherConfig) -> Result<(Self, mpsc::Receiver<NetnsDeath>), WatcherError> {
+        let own = Path::new("/proc/thread-self/ns/net");
+        let host_inode = discovery::inode_of(own)? as u32;
+        let socket = RtnlSocket::open(&SocketOptions {
+            groups: vec![
+                RTNLGRP_LINK,
+                RTNLGRP_IPV4_IFADDR,
+                RTNLGRP_IPV6_IFADDR,
+                RTNLGRP_IPV4_ROUTE,
+                RTNLGRP_IPV6_ROUTE,
+                RTNLGRP_NSID,
+            ],
+            listen_all_nsid: true,
+            receive_buffer: config.receive_buffer,
+            nonblocking: true,
+        })?;
+        // SAFETY: the AsyncFd owns the socket, whose fd is fixed for its
+        // whole life.
+        let socket =
+            unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
+                .map_err(|e| WatcherError::Poll(e.into()))?;
+        let (jobs, reports) = worker::spawn(config.discovery.clone()).map_err(WatcherError::Thread)?;
+        let mounts = File::open(&config.discovery.mountinfo)
+            // SAFETY: as above; mountinfo signals changes with POLLPRI.
+            .and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }.map_err(Into::into))
+            .map_err(|e| warn!("mount changes not watched ({e}); new bind mounts wait for the next resync"))
+            .ok();
+
+        let mut model = Model::new(config.model.clone(), host_inode, SystemTime::now());
+        let own_fd = discovery::open_netns(own, host_inode)?;
+        model.query_host_nsid(own_fd.as_raw_fd(), SystemTime::now());
+        model.start_resync(false);
+        let (deaths_tx, deaths_rx) = mpsc::channel(config.death_queue.max(1));
+        let mut io = Io { socket, jobs, deaths: deaths_tx };
+        io.flush(&mut model)?;
+        drop(own_fd);
+
+        let (commands_tx, commands_rx) = mpsc::channel(COMMAND_QUEUE);
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let driver = Driver {
+            model,
+            io,
+            reports,
+            mounts,
+            commands: commands_rx,
+            ready: Some(ready_tx),
+            resync_waiters: Vec::new(),
+            resync_interval: config.resync_interval,
+        };
+        let task = tokio::spawn(driver.run());
+        let watcher = Self { handle: ModelHandle { commands: commands_tx }, task };
+        match tokio::time::timeout(config.start_timeout, ready_rx).await {
+            Ok(Ok(())) => Ok((watcher, deaths_rx)),
+            Ok(Err(_)) => Err(watcher.stop().await.err().unwrap_or(WatcherError::Stopped)),
+            Err(_) => {
+                watcher.task.abort();
+                Err(WatcherError::StartTimeout(config.start_timeout))
+            }
+        }
+    }
+
+    #[must_use]
+    pub fn handle(&self) -> ModelHandle {
+        self.handle.clone()
+    }
+
+    /// The model now.
+    pub async fn snapshot(&self) -> Result<ModelSnapshot, WatcherError> {
+        self.handle.snapshot().await
+    }
+
+    /// See [`ModelHandle::kernel_events`].
+    pub async fn kernel_events(&self, events: Vec<KernelEvent>) -> Result<(), WatcherError> {
+        self.handle.kernel_events(events).await
+    }
+
+    /// See [`ModelHandle::resync`].
+    pub async fn resync(&self) -> Result<(), WatcherError> {
+        self.handle.resync().await
+    }
+
+    /// Stops the model task (other handles notwithstanding) and reports how
+    /// it ended.
+    pub async fn stop(self) -> Result<(), WatcherError> {
+        let _ = self.handle.commands.send(Command::Stop).await;
+        drop(self.handle);
+        match self.task.await {
+            Ok(result) => result,
+            Err(_) => Err(WatcherError::Stopped),
+        }
+    }
+}
+
+impl ModelHandle {
+    /// The model now.
+    pub async fn snapshot(&self) -> Result<ModelSnapshot, WatcherError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(Command::Snapshot(tx)).await.map_err(|_| WatcherError::Stopped)?;
+        rx.await.map_err(|_| WatcherError::Stopped)
+    }
+
+    /// Feeds decoded probe events (creators, netns to discover, `__put_net`
+    /// deaths). Waits when the model is behind.
+    pub async fn kernel_events(&self, events: Vec<KernelEvent>) -> Result<(), WatcherError> {
+        self.commands.send(Command::Kernel(events)).await.map_err(|_| WatcherError::Stopped)
+    }
+
+    /// Runs a full resync now and returns when it has completed.
+    pub async fn resync(&self) -> Result<(), WatcherError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands.send(Command::Resync(tx)).await.map_err(|_| WatcherError::Stopped)?;
+        rx.await.map_err(|_| WatcherError::Stopped)
+    }
+}
+
+/// The model's outputs.
+struct Io {
+    socket: AsyncFd<RtnlSocket>,
+    jobs: SyncSender<Job>,
+    deaths: mpsc::Sender<NetnsDeath>,
+}
+
+impl Io {
+    /// Carries out every action the model produced, in order.
+    fn flush(&mut self, model: &mut Model) -> Result<(), WatcherError> {
+        loop {
+            let actions = model.take_actions();
+            if actions.is_empty() {
+                return Ok(());
+            }
+            for action in actions {
+                match action {
+                    Action::Send { request, dump_seq } => {
+                        if let Err(e) = self.socket.get_ref().send(&request) {
+                            warn!("netlink request not sent: {e}");
+                            model.send_failed(dump_seq);
+                        }
+                    }
+                    Action::Job(job) => match self.jobs.try_send(job) {
+                        Ok(()) => {}
+                        Err(TrySendError::Full(job)) => model.job_rejected(job),
+                        Err(TrySendError::Disconnected(_)) => return Err(WatcherError::Stopped),
+                    },
+                    Action::Death(death) => match self.deaths.try_send(death) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(d)) => {
+                            warn!(inode = ?d.inode, "death notice dropped: consumer is behind");
+                            model.count_dropped_death();
+                        }
+                        // Nobody listens (e.g. a one-shot `netreap netns`).
+                        Err(mpsc::error::TrySendError::Closed(_)) => {}
+                    },
+                }
+            }
+        }
+    }
+}
+
+struct Driver {
+    model: Model,
+    io: Io,
+    reports: mpsc::Receiver<Report>,
+    mounts: Option<AsyncFd<File>>,
+    commands: mpsc::Receiver<Command>,
+    ready: Option<oneshot::Sender<()>>,
+    resync_waiters: Vec<oneshot::Sender<()>>,
+    resync_interval: Duration,
+}
+
+async fn mounts_changed(mounts: Option<&AsyncFd<File>>) -> std::io::Result<()> {
+    match mounts {
+        Some(m) => {
+            let mut guard = m.ready(Interest::PRIORITY).await?;
+            guard.clear_ready();
+            Ok(())
+        }
+        None => std::future::pending().await,
+    }
+}
+
+impl Driver {
+    async fn run(mut self) -> Result<(), WatcherError> {
+        let mut buf = vec![0u8; RECV_BUFFER];
+        let period = self.resync_interval.max(Duration::from_secs(1));
+        let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        resync.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+        housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                command = self.commands.recv() => match command {
+                    Some(Command::Stop) | None => break,
+                    Some(c) => self.command(c),
+                },
+                guard = self.io.socket.readable() => {
+                    let mut guard = guard.map_err(WatcherError::Poll)?;
+                    let mut drained = false;
+                    for _ in 0..DATAGRAMS_PER_WAKE {
+                        match guard.get_inner().recv(&mut buf) {
+                            Ok(Some(d)) => self.model.datagram(d.origin_nsid, &buf[..d.len], SystemTime::now()),
+                            Ok(None) => {
+                                drained = true;
+                                break;
+                            }
+                            Err(SocketError::Overrun) => self.model.overrun(),
+                            Err(e) => return Err(e.into()),
+                        }
+                    }
+                    if drained {
+                        guard.clear_ready();
+                    }
+                }
+                report = self.reports.recv() => match report {
+                    Some(r) => self.report(r)?,
+                    None => return Err(WatcherError::Stopped),
+                },
+                changed = mounts_changed(self.mounts.as_ref()) => match changed {
+                    Ok(()) => self.model.mounts_changed(),
+                    Err(e) => {
+                        warn!("mount changes no longer watched: {e}");
+                        self.mounts = None;
+                    }
+                },
+                _ = resync.tick() => self.model.start_resync(true),
+                _ = housekeeping.tick() => self.model.tick(SystemTime::now()),
+            }
+            self.io.flush(&mut self.model)?;
+            self.notify();
+        }
+        debug!("netns model stopped");
+        Ok(())
+    }
+
+    fn command(&mut self, command: Command) {
+        match command {
+            Command::Snapshot(reply) => {
+                let _ = reply.send(self.model.snapshot(SystemTime::now()));
+            }
+            Command::Kernel(events) => {
+                let now = SystemTime::now();
+                for event in &events {
+                    self.model.kernel_event(event, now);
+                }
+            }
+            Command::Resync(reply) => {
+                self.model.start_resync(true);
+                self.resync_waiters.push(reply);
+            }
+            Command::Stop => {}
+        }
+    }
+
+    fn report(&mut self, report: Report) -> Result<(), WatcherError> {
+        match report {
+            Report::Opened { inode, fd } => {
+                self.model.netns_opened(inode, fd.as_raw_fd(), SystemTime::now());
+                // The kernel resolved the fd while handling the send: close
+                // it now, no reference to the netns outlives this.
+                self.io.flush(&mut self.model)?;
+                drop(fd);
+            }
+            Report::ResolveFailed { inode } => self.model.resolve_failed(inode),
+            Report::ScanDone { generation, scope, found } => self.model.scan_done(generation, scope, found),
+            Report::ScanFailed { generation, error } => self.model.scan_failed(generation, &error),
+        }
+        Ok(())
+    }
+
+    fn notify(&mut self) {
+        if self.model.is_ready()
+            && let Some(ready) = self.ready.take()
+        {
+            let _ = ready.send(());
+        }
+        if !self.model.resync_in_progress() {
+            for waiter in self.resync_waiters.drain(..) {
+                let _ = waiter.send(());
+            }
+        }
+    }
+}

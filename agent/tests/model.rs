@@ -1,0 +1,471 @@
+//! The netns model against the real kernel: namespaces, veths, addresses,
+//! deaths. Every netns and link is named with this run's unique prefix and
+//! removed by a guard, and assertions only look at our own namespaces:
+//! other suites create theirs on the same machine at the same time.
+
+mod support;
+
+use std::{
+    collections::{BTreeSet, HashSet},
+    io::Write as _,
+    net::IpAddr,
+    os::unix::fs::MetadataExt,
+    process::{Command, Stdio},
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use netreap::model::{DeathSource, ModelSnapshot, NetnsDeath, NetnsView, Watcher, WatcherConfig};
+use support::{runtime, unique};
+use tokio::sync::mpsc::Receiver;
+
+/// Convergence of the model after a change; generous, the usual is ms.
+const WAIT: Duration = Duration::from_secs(10);
+/// "Promptly" for a death (the kernel itself needs a few ms).
+const DEATH: Duration = Duration::from_secs(5);
+
+/// The fd-leak test counts the whole process's fds: the tests of this
+/// file run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn possible() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skip: needs root to create network namespaces");
+        return false;
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        eprintln!("skip: needs iproute2's `ip`");
+        return false;
+    }
+    true
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+fn ip_batch(commands: &str) {
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run ip -batch");
+    child.stdin.take().expect("stdin").write_all(commands.as_bytes()).expect("feed ip -batch");
+    let out = child.wait_with_output().expect("ip -batch");
+    assert!(out.status.success(), "ip -batch: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `ip netns add`, deleted on drop unless the test deleted it.
+struct NamedNetns {
+    name: String,
+    inode: u32,
+}
+
+impl NamedNetns {
+    fn new() -> Self {
+        let name = unique("nrm");
+        ip(&["netns", "add", &name]);
+        let inode = inode_of(&format!("/run/netns/{name}"));
+        Self { name, inode }
+    }
+
+    fn delete(&self) {
+        ip(&["netns", "del", &self.name]);
+    }
+}
+
+impl Drop for NamedNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// A link or route in the host netns, deleted on drop.
+struct HostThing(Vec<String>);
+
+impl Drop for HostThing {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(&self.0).output();
+    }
+}
+
+/// A child process, killed on drop.
+struct Child(std::process::Child);
+
+impl Child {
+    /// `unshare -n sleep`: a netns held by a process only, no bind mount.
+    fn in_new_netns() -> Self {
+        Self(Command::new("unshare").args(["-n", "sleep", "600"]).spawn().expect("run unshare"))
+    }
+
+    fn in_netns(name: &str) -> Self {
+        Self(Command::new("ip").args(["netns", "exec", name, "sleep", "600"]).spawn().expect("run ip netns exec"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// Its netns, once it has entered it (the exec replaced the launcher).
+    fn netns_inode(&self, not: u32) -> u32 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let inode = inode_of(&format!("/proc/{}/ns/net", self.pid()));
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", self.pid())).unwrap_or_default();
+            if inode != not && comm.trim() == "sleep" {
+                return inode;
+            }
+            assert!(Instant::now() < deadline, "child never entered its netns");
+            std::thread::yield_now();
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn inode_of(path: &str) -> u32 {
+    std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}")).ino() as u32
+}
+
+fn own_inode() -> u32 {
+    inode_of("/proc/self/ns/net")
+}
+
+fn config() -> WatcherConfig {
+    // No periodic resync: what the tests see comes from events, scans on
+    // mount changes and the resyncs they ask for.
+    WatcherConfig { resync_interval: Duration::from_secs(3600), ..WatcherConfig::default() }
+}
+
+/// Distinct addresses per test run (host routes share one table).
+fn octets() -> (u8, u8) {
+    let n = unique("");
+    let (pid, counter) = n.split_once('x').expect("pid x counter");
+    let pid: u32 = pid.parse().expect("pid");
+    let counter: u32 = counter.parse().expect("counter");
+    ((pid % 250) as u8 + 1, (counter % 250) as u8 + 1)
+}
+
+/// Polls snapshots until `check` returns something, or panics with the
+/// last snapshot after `timeout`.
+async fn wait_for<T>(
+    watcher: &Watcher,
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut(&ModelSnapshot) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let snapshot = watcher.snapshot().await.expect("model running");
+        if let Some(found) = check(&snapshot) {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}; model: {snapshot:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_for_death(deaths: &mut Receiver<NetnsDeath>, inode: u32, timeout: Duration) -> NetnsDeath {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, deaths.recv()).await {
+            Ok(Some(d)) if d.inode == Some(inode) => return d,
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("death channel closed"),
+            Err(_) => panic!("no death notice for netns {inode} within {timeout:?}"),
+        }
+    }
+}
+
+fn addresses(n: &NetnsView) -> BTreeSet<(IpAddr, u8)> {
+    n.global_addresses().map(|a| (a.ip, a.prefix_len)).collect()
+}
+
+fn set(items: &[(&str, u8)]) -> BTreeSet<(IpAddr, u8)> {
+    items.iter().map(|(ip, len)| (ip.parse().expect("ip"), *len)).collect()
+}
+
+#[test]
+fn the_model_matches_namespaces_with_veths_and_addresses() {
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    runtime().block_on(async {
+        let (watcher, _deaths) = Watcher::start(config()).await.expect("model starts");
+        let (a, b) = (NamedNetns::new(), NamedNetns::new());
+        let t = unique("nrm");
+        let (va, vb, hl, pl) = (format!("{t}a"), format!("{t}b"), format!("{t}h"), format!("{t}p"));
+        let (x, y) = octets();
+        let pod_v4 = format!("10.77.{x}.{y}");
+        let peer_v4 = format!("10.77.{x}.{}", y.wrapping_add(1));
+        let pod_v6 = format!("fd00:77:{x}::{y}");
+        let routed = format!("198.18.{x}.{y}");
+        ip(&["-n", &a.name, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", &b.name]);
+        let _host_link = HostThing(vec!["link".into(), "del".into(), hl.clone()]);
+        ip(&["link", "add", &hl, "type", "veth", "peer", "name", &pl, "netns", &a.name]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{pod_v4}/24"), "dev", &va]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{pod_v6}/64"), "dev", &va, "nodad"]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{routed}/32"), "dev", &pl]);
+        ip(&["-n", &b.name, "addr", "add", &format!("{peer_v4}/24"), "dev", &vb]);
+        for (ns, dev) in [(&a.name, &va), (&a.name, &pl), (&b.name, &vb)] {
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        ip(&["link", "set", &hl, "up"]);
+        let _route = HostThing(vec!["route".into(), "del".into(), format!("{routed}/32")]);
+        ip(&["route", "add", &format!("{routed}/32"), "dev", &hl]);
+
+        let want_a = set(&[(&pod_v4, 24), (&pod_v6, 64), (&routed, 32)]);
+        let want_b = set(&[(&peer_v4, 24)]);
+        let host = own_inode();
+        wait_for(&watcher, "both namespaces, their veths, addresses and the host route", WAIT, |s| {
+            let na = s.live_by_inode(a.inode)?;
+            let nb = s.live_by_inode(b.inode)?;
+            let iface = |n: &NetnsView, name: &str| n.interfaces.iter().find(|i| i.name.as_deref() == Some(name)).cloned();
+            let (ia, ib, ip_, ih) = (iface(na, &va)?, iface(nb, &vb)?, iface(na, &pl)?, iface(s.live_by_inode(host)?, &hl)?);
+            let peer = |i: &netreap::model::InterfaceView| i.link.as_ref().and_then(|l| Some((l.ifname.clone()?, l.netns?)));
+            let ok = addresses(na) == want_a
+                && addresses(nb) == want_b
+                && na.bind_mounts.iter().any(|m| m.ends_with(&a.name))
+                && ia.kind.as_deref() == Some("veth")
+                && peer(&ia).is_some_and(|(n, r)| n == vb && r.inode == Some(b.inode))
+                && peer(&ib).is_some_and(|(n, r)| n == va && r.inode == Some(a.inode))
+                && peer(&ip_).is_some_and(|(n, r)| n == hl && r.host)
+                && peer(&ih).is_some_and(|(n, r)| n == pl && r.inode == Some(a.inode))
+                && na.host_routes.contains(&routed.parse().ok()?)
+                && s.host_routes.iter().any(|r| r.dst.to_string() == routed && r.netns.is_some_and(|n| n.inode == Some(a.inode)));
+            ok.then_some(())
+        })
+        .await;
+
+        // Removing an address is seen too.
+        ip(&["-n", &a.name, "addr", "del", &format!("{pod_v6}/64"), "dev", &va]);
+        let want = set(&[(&pod_v4, 24), (&routed, 32)]);
+        wait_for(&watcher, "the removed address gone", WAIT, |s| {
+            s.live_by_inode(a.inode).filter(|n| addresses(n) == want).map(|_| ())
+        })
+        .await;
+        watcher.stop().await.expect("clean stop");
+    });
+}
+
+#[test]
+fn a_deleted_netns_is_seen_dead_promptly_with_the_addresses_it_held() {
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    runtime().block_on(async {
+        let (watcher, mut deaths) = Watcher::start(config()).await.expect("model starts");
+        let a = NamedNetns::new();
+        let t = unique("nrm");
+        let (x, y) = octets();
+        let (v4, v6) = (format!("10.78.{x}.{y}"), format!("fd00:78:{x}::{y}"));
+        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{v4}/24"), "dev", &format!("{t}a")]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{v6}/64"), "dev", &format!("{t}a"), "nodad"]);
+        let want = set(&[(&v4, 24), (&v6, 64)]);
+        wait_for(&watcher, "the netns and its addresses", WAIT, |s| {
+            s.live_by_inode(a.inode).filter(|n| addresses(n) == want).map(|_| ())
+        })
+        .await;
+
+        let deleted = Instant::now();
+        a.delete();
+        let death = wait_for_death(&mut deaths, a.inode, DEATH).await;
+        eprintln!("death seen {:?} after `ip netns del`", deleted.elapsed());
+        assert_eq!(death.source, DeathSource::RtmDelnsid);
+        assert_eq!(death.addresses.iter().map(|a| (a.ip, a.prefix_len)).collect::<BTreeSet<_>>(), want);
+        assert!(death.bind_mounts.iter().any(|m| m.ends_with(&a.name)), "{death:?}");
+
+        let s = watcher.snapshot().await.expect("snapshot");
+        assert!(s.live_by_inode(a.inode).is_none(), "still alive in the model");
+        let dead = s.netns.iter().find(|n| !n.alive && n.inode == Some(a.inode)).expect("kept as dead");
+        assert!(dead.died_at.is_some());
+        assert_eq!(dead.death_source, Some(DeathSource::RtmDelnsid));
+        assert_eq!(addresses(dead), want);
+        watcher.stop().await.expect("clean stop");
+    });
+}
+
+#[test]
+fn a_netns_held_by_a_process_outlives_its_bind_mount_until_the_process_exits() {
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    runtime().block_on(async {
+        let (watcher, mut deaths) = Watcher::start(config()).await.expect("model starts");
+        let a = NamedNetns::new();
+        let mut holder = Child::in_netns(&a.name);
+        assert_eq!(holder.netns_inode(own_inode()), a.inode);
+        wait_for(&watcher, "the netns", WAIT, |s| s.live_by_inode(a.inode).map(|_| ())).await;
+
+        a.delete();
+        // A full resync rescans mounts and processes: the mount is gone,
+        // the process is still there, and so is the netns.
+        watcher.resync().await.expect("resync");
+        let s = watcher.snapshot().await.expect("snapshot");
+        let n = s.live_by_inode(a.inode).expect("still alive without its bind mount");
+        assert!(n.bind_mounts.is_empty(), "{n:?}");
+        assert!(n.processes.iter().any(|p| p.pid == holder.pid()), "{n:?}");
+        while let Ok(d) = deaths.try_recv() {
+            assert_ne!(d.inode, Some(a.inode), "reported dead while a process holds it: {d:?}");
+        }
+
+        holder.kill();
+        let death = wait_for_death(&mut deaths, a.inode, DEATH).await;
+        assert_eq!(death.source, DeathSource::RtmDelnsid);
+        watcher.stop().await.expect("clean stop");
+    });
+}
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
+}
+
+fn netns_fds() -> Vec<String> {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|l| l.to_string_lossy().into_owned())
+        .filter(|l| l.starts_with("net:["))
+        .collect()
+}
+
+#[test]
+fn three_hundred_namespaces_come_and_go_and_no_fd_leaks() {
+    if !possible() {
+        return;
+    }
+    const N: usize = 300;
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let rt = runtime();
+    let before_start = fd_count();
+    rt.block_on(async {
+        let (watcher, mut deaths) = Watcher::start(config()).await.expect("model starts");
+        let running = fd_count();
+        let prefix = unique("nrm");
+        let names: Vec<String> = (0..N).map(|i| format!("{prefix}n{i}")).collect();
+        // Guards first, so a failure half-way still removes them all.
+        let guards: Vec<HostThing> = names.iter().map(|n| HostThing(vec!["netns".into(), "del".into(), n.clone()])).collect();
+        ip_batch(&names.iter().map(|n| format!("netns add {n}\n")).collect::<String>());
+        let inodes: HashSet<u32> = names.iter().map(|n| inode_of(&format!("/run/netns/{n}"))).collect();
+        assert_eq!(inodes.len(), N);
+
+        wait_for(&watcher, "all namespaces alive", WAIT, |s| {
+            inodes.iter().all(|&i| s.live_by_inode(i).is_some_and(|n| !n.bind_mounts.is_empty())).then_some(())
+        })
+        .await;
+
+        ip_batch(&names.iter().map(|n| format!("netns del {n}\n")).collect::<String>());
+        let mut dead = HashSet::new();
+        let deadline = Instant::now() + WAIT;
+        while dead.len() < N {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match tokio::time::timeout(left, deaths.recv()).await {
+                Ok(Some(d)) => {
+                    if let Some(i) = d.inode.filter(|i| inodes.contains(i)) {
+                        assert_eq!(d.source, DeathSource::RtmDelnsid);
+                        assert!(dead.insert(i), "netns {i} reported dead twice");
+                    }
+                }
+                other => panic!("{} of {N} deaths seen, then {other:?}", dead.len()),
+            }
+        }
+        let s = watcher.snapshot().await.expect("snapshot");
+        let ours_alive: Vec<_> = s.alive().filter(|n| n.inode.is_some_and(|i| inodes.contains(&i))).collect();
+        // An inode may already be reused by someone else's new netns; ours
+        // are the ones first seen before the deletion.
+        assert!(ours_alive.iter().all(|n| n.first_seen > s.taken_at - Duration::from_secs(1) && n.bind_mounts.iter().all(|m| !m.to_string_lossy().contains(&prefix))), "{ours_alive:#?}");
+        assert_eq!(s.stats.deaths_dropped, 0);
+        assert!(netns_fds().is_empty(), "netns fds held: {:?}", netns_fds());
+        assert_eq!(fd_count(), running, "fds leaked while running");
+        drop(guards);
+        watcher.stop().await.expect("clean stop");
+    });
+    // The discovery thread may still be closing its last scan.
+    let deadline = Instant::now() + WAIT;
+    while fd_count() != before_start && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    assert_eq!(fd_count(), before_start, "fds leaked by a stopped model");
+}
+
+#[test]
+fn a_model_started_after_the_namespaces_finds_them_all() {
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let named: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new()).collect();
+    let t = unique("nrm");
+    let (x, y) = octets();
+    let v4 = format!("10.79.{x}.{y}");
+    ip(&["-n", &named[0].name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+    ip(&["-n", &named[0].name, "addr", "add", &format!("{v4}/24"), "dev", &format!("{t}a")]);
+    let holder = Child::in_new_netns();
+    let held = holder.netns_inode(own_inode());
+    runtime().block_on(async {
+        let (watcher, _deaths) = Watcher::start(config()).await.expect("model starts");
+        // No waiting: start returns after the first full sync.
+        let s = watcher.snapshot().await.expect("snapshot");
+        for n in &named {
+            let v = s.live_by_inode(n.inode).unwrap_or_else(|| panic!("{} not found", n.name));
+            assert!(v.bind_mounts.iter().any(|m| m.ends_with(&n.name)), "{v:?}");
+            assert!(v.nsid.is_some());
+        }
+        assert_eq!(addresses(s.live_by_inode(named[0].inode).expect("first")), set(&[(&v4, 24)]));
+        let p = s.live_by_inode(held).expect("process-only netns found");
+        assert!(p.bind_mounts.is_empty());
+        assert!(p.processes.iter().any(|q| q.pid == holder.pid() && q.comm == "sleep"), "{p:?}");
+        assert!(s.stats.ready);
+        watcher.stop().await.expect("clean stop");
+    });
+}
+
+#[test]
+fn probes_name_the_creator_and_find_a_netns_no_scan_would() {
+    if !possible() || !support::kernel_tests_possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    runtime().block_on(async {
+        let mut probes = support::watch();
+        let (watcher, _deaths) = Watcher::start(config()).await.expect("model starts");
+        // Held by a process only and created after the first sync: no mount
+        // event announces it, no resync runs; only the probe tells.
+        let holder = Child::in_new_netns();
+        let inode = holder.netns_inode(own_inode());
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = watcher.snapshot().await.expect("snapshot");
+            if let Some(n) = s.live_by_inode(inode)
+                && let Some(c) = &n.creator
+            {
+                assert_eq!(c.comm, "unshare");
+                assert_eq!(c.pid, holder.pid());
+                break;
+            }
+            assert!(Instant::now() < deadline, "netns {inode} never modelled with its creator: {s:#?}");
+            if let Ok(batch) = tokio::time::timeout(Duration::from_millis(50), probes.stream.next_batch()).await {
+                let events = batch.expect("ring buffer").into_iter().filter_map(Result::ok).collect();
+                watcher.kernel_events(events).await.expect("model running");
+            }
+        }
+        watcher.stop().await.expect("clean stop");
+    });
+}
