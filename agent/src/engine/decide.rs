@@ -150,7 +150,7 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
             in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
         }
     }
-    if age < policy.in_flight_grace {
+    if age < policy.in_flight_grace && !cni_runs_watched(obs, r) {
         pending.push(Fact::Young { age, grace: policy.in_flight_grace });
     }
 
@@ -208,6 +208,15 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
         facts.push(Fact::SourceUnavailable { source: "Kubernetes API pod list".into() });
     }
     Verdict::new(r, Status::Orphaned, facts)
+}
+
+/// The youth grace stands in for CNI runs the agent may have missed. It is
+/// not needed when the probes watched without a gap since before the file
+/// was written and saw a run for this very container (the exec record of
+/// the ADD precedes the IPAM write): then in-flight is known, not guessed.
+fn cni_runs_watched(obs: &Observations, r: &Reservation) -> bool {
+    obs.watching_since.is_some_and(|since| r.created_at >= since + CLOCK_SLACK)
+        && obs.cni_ops.iter().any(|op| op.container_id.as_deref() == Some(r.container_id.as_str()))
 }
 
 /// Why the owner counts as dead: the deaths seen, or the grace that passed.

@@ -191,6 +191,12 @@ pub struct Observations {
     /// Sandbox IDs the CRI runtime lists as live.
     pub runtime_sandboxes: Option<Vec<String>>,
     pub api_pods: Option<Vec<ApiPod>>,
+    /// Since when the kernel probes have recorded every CNI plugin run
+    /// without a gap (attach time, or the last ring-buffer loss). A
+    /// reservation made after it, whose container's CNI runs were seen,
+    /// needs no youth grace: the ledger knows whether its ADD is in flight.
+    #[serde(default)]
+    pub watching_since: Option<SystemTime>,
 }
 
 impl Observations {

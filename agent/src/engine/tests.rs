@@ -157,6 +157,35 @@ fn young_reservation_is_pending() {
 }
 
 #[test]
+fn young_reservation_whose_cni_runs_were_watched_needs_no_grace() {
+    let r = res("c1", "10.0.0.2", now() - Duration::from_secs(5));
+    let dead_ns = dead(id(5, 1), now(), &["c1"], &[]);
+    let finished_add = op(Some("c1"), "ADD", now() - Duration::from_secs(6), Some(now() - Duration::from_secs(4)));
+    let watched = Observations {
+        dead: vec![dead_ns.clone()],
+        cni_ops: vec![finished_add.clone()],
+        watching_since: Some(now() - Duration::from_mins(1)),
+        ..Default::default()
+    };
+    assert_eq!(one(&watched, &r).status, Status::Orphaned, "ADD seen and finished, netns dead");
+    // Watching began after the file was written: the run may have been missed.
+    let late = Observations { watching_since: Some(now() - Duration::from_secs(1)), ..watched.clone() };
+    assert_eq!(one(&late, &r).status, Status::Pending);
+    // No run of this container was seen: the grace still applies.
+    let other = Observations {
+        cni_ops: vec![op(Some("c2"), "ADD", now() - Duration::from_secs(6), Some(now()))],
+        ..watched.clone()
+    };
+    assert_eq!(one(&other, &r).status, Status::Pending);
+    // An ADD still in flight keeps it whatever the watch says.
+    let in_flight = Observations {
+        cni_ops: vec![op(Some("c1"), "ADD", now() - Duration::from_secs(6), None)],
+        ..watched
+    };
+    assert_eq!(one(&in_flight, &r).status, Status::Pending);
+}
+
+#[test]
 fn runtime_and_api_only_add_reasons_to_keep() {
     let r = res("c1", "10.0.0.2", t(0));
     let base = Observations { dead: vec![dead(id(5, 1), t(100), &["c1"], &[])], ..Default::default() };
@@ -419,14 +448,16 @@ fn observations() -> impl Strategy<Value = Observations> {
         prop::collection::vec(an_op(), 0..3),
         prop::option::of(prop::collection::vec(a_cid(), 0..2)),
         prop::option::of(prop::collection::vec(a_pod(), 0..2)),
+        prop::option::of(a_time()),
     )
-        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods)| Observations {
+        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since)| Observations {
             live,
             dead,
             bindings,
             cni_ops,
             runtime_sandboxes,
             api_pods,
+            watching_since,
         })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {
@@ -475,8 +506,10 @@ proptest! {
         if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.contains(&r.container_id)) {
             prop_assert_eq!(v.status, Status::InUse);
         }
-        if now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace) {
-            prop_assert_ne!(v.status, Status::Orphaned, "young: {}", v.summary);
+        let watched = obs.watching_since.is_some_and(|since| r.created_at >= since + super::decide::CLOCK_SLACK)
+            && obs.cni_ops.iter().any(|op| op.container_id.as_deref() == Some(r.container_id.as_str()));
+        if !watched && now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace) {
+            prop_assert_ne!(v.status, Status::Orphaned, "young and not watched: {}", v.summary);
         }
     }
 
