@@ -15,6 +15,7 @@
 
 pub mod cnirt;
 pub mod config;
+pub mod daemon;
 pub mod discovery;
 pub mod engine;
 pub mod ipam;

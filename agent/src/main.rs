@@ -22,8 +22,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the agent until SIGINT or SIGTERM: load the probes and write
-    /// every kernel event as a JSON line.
+    /// Run the agent until SIGINT or SIGTERM: load the probes, watch every
+    /// netns, and release reservations whose netns is gone (journaled, with
+    /// their evidence as JSON lines in the event stream).
     Run(cli::run::RunArgs),
     /// Report which probes load on this kernel, and why the others do not.
     Probes(cli::probes::ProbesArgs),
@@ -36,7 +37,10 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init("info");
+    // `run` sets up logging from its configuration.
+    if !matches!(cli.command, Command::Run(_)) {
+        logging::init("info");
+    }
     let result = match cli.command {
         Command::Run(args) => cli::run::main(args),
         Command::Probes(args) => cli::probes::main(&args),

@@ -7,6 +7,7 @@
 pub mod ebpf;
 pub mod system;
 pub mod toolchain;
+pub mod vm;
 
 use std::{fmt, io, path::PathBuf};
 

@@ -14,6 +14,8 @@ commands:
   install-tools   only install rust-src for nightly and build bpf-linker into target/tools
   test            install what the tests need (apt packages, eBPF toolchain), then run
                   every test of the workspace (as root: kernel tests load real probes)
+  vm-test         run the kernel-facing tests in Debian 6.1/6.12 kernels under qemu and on
+                  this host: vm-test [--kernel 6.1|6.12|host|all] [--timeout SECS]
 ";
 
 fn main() -> ExitCode {
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Some("test") => test(&ws, &args[1..]),
+        Some("vm-test") => return xtask::vm::main(&ws, &args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;

@@ -138,7 +138,8 @@ pub struct NetnsView {
     pub died_at: Option<SystemTime>,
     pub death_source: Option<DeathSource>,
     pub creator: Option<Creator>,
-    /// nsfs bind mounts (e.g. /run/netns/cni-...), as of the last scan.
+    /// nsfs bind mounts (e.g. /run/netns/cni-...) as of the last scan; for
+    /// a dead netns, where it was last seen mounted.
     pub bind_mounts: Vec<PathBuf>,
     /// Processes in it, as of the last full scan.
     pub process_count: u32,

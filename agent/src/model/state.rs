@@ -13,6 +13,7 @@ use std::{
     collections::{BTreeMap, HashMap, HashSet, VecDeque},
     net::IpAddr,
     os::fd::RawFd,
+    path::PathBuf,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -121,6 +122,10 @@ struct Netns {
     /// Model epoch at creation: a sweep only judges records older than it.
     born: u64,
     creator: Option<Creator>,
+    /// Where it was last seen bind-mounted: `ip netns del` unmounts before
+    /// the netns dies, and a death notice should still name the path a CNI
+    /// runtime knew it by.
+    last_mounts: Vec<PathBuf>,
     links: BTreeMap<u32, LinkState>,
     addresses: BTreeMap<AddrKey, u8>,
     routes: BTreeMap<RouteKey, u8>,
@@ -134,6 +139,7 @@ impl Netns {
             first_seen: now,
             born,
             creator: None,
+            last_mounts: Vec::new(),
             links: BTreeMap::new(),
             addresses: BTreeMap::new(),
             routes: BTreeMap::new(),
@@ -540,7 +546,18 @@ impl Model {
                 self.sightings.retain(|_, s| !s.bind_mounts.is_empty() || s.process_count > 0);
             }
         }
+        self.remember_mounts();
         self.scan_finished(generation);
+    }
+
+    fn remember_mounts(&mut self) {
+        for rec in self.live.values_mut() {
+            if let Some(s) = rec.inode.and_then(|i| self.sightings.get(&i))
+                && !s.bind_mounts.is_empty()
+            {
+                rec.last_mounts.clone_from(&s.bind_mounts);
+            }
+        }
     }
 
     pub fn scan_failed(&mut self, generation: u64, error: &str) {
@@ -718,6 +735,7 @@ impl Model {
         let mut rec = Netns::new(inode, Some(nsid), now, born);
         if let Some(i) = inode {
             rec.creator = self.pending_creators.remove(&i);
+            rec.last_mounts = self.sightings.get(&i).map(|s| s.bind_mounts.clone()).unwrap_or_default();
             self.by_inode.insert(i, id);
         }
         self.by_nsid.insert(nsid, id);
@@ -757,8 +775,10 @@ impl Model {
                     self.die(old, DeathSource::Resync, now);
                 }
                 let pending = self.pending_creators.remove(&inode);
+                let mounts = self.sightings.get(&inode).map(|s| s.bind_mounts.clone()).unwrap_or_default();
                 if let Some(rec) = self.live.get_mut(&id) {
                     rec.inode = Some(inode);
+                    rec.last_mounts = mounts;
                     if rec.creator.is_none() {
                         rec.creator = pending;
                     }
@@ -799,6 +819,9 @@ impl Model {
         let Some(rec) = self.live.get(&id) else { return };
         let mut view = self.view(&resolver, Target::Record(id), rec, now);
         view.alive = false;
+        if view.bind_mounts.is_empty() {
+            view.bind_mounts.clone_from(&rec.last_mounts);
+        }
         view.died_at = Some(now);
         view.death_source = Some(source);
         if let Some(rec) = self.live.remove(&id) {

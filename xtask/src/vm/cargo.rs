@@ -116,11 +116,10 @@ mod tests {
         let a = parse(MESSAGES);
         assert_eq!(a.netreap, Some(PathBuf::from("/w/target/debug/netreap")));
         assert_eq!(a.tests.len(), 2);
-        assert_eq!(a.tests[0], TestBinary {
-            kind: "test".into(),
-            name: "probes".into(),
-            path: "/w/target/debug/deps/probes-fd98".into()
-        });
+        assert_eq!(
+            a.tests[0],
+            TestBinary { kind: "test".into(), name: "probes".into(), path: "/w/target/debug/deps/probes-fd98".into() }
+        );
         assert_eq!((a.tests[1].kind.as_str(), a.tests[1].name.as_str()), ("lib", "netreap"));
     }
 

@@ -53,8 +53,8 @@ impl<W: Write> Writer<W> {
         let name = path.trim_start_matches('/');
         let size = u32::try_from(data.len())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{path}: over 4 GiB")))?;
-        let name_size = u32::try_from(name.len() + 1)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name too long"))?;
+        let name_size =
+            u32::try_from(name.len() + 1).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name too long"))?;
         let ino = self.next_ino;
         self.next_ino += 1;
         let nlink = if mode & S_IFDIR == S_IFDIR { 2 } else { 1 };

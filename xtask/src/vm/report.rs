@@ -261,13 +261,8 @@ netreap_put_net          fentry __put_net                           active      
 
     #[test]
     fn marker_lines_round_trip_through_a_noisy_console() {
-        let step = StepOutcome {
-            label: "probes | all".into(),
-            status: Status::Pass,
-            passed: 6,
-            failed: 0,
-            note: "ok".into(),
-        };
+        let step =
+            StepOutcome { label: "probes | all".into(), status: Status::Pass, passed: 6, failed: 0, note: "ok".into() };
         let mut console = vec![format!("{KERNEL}6.1.0-56-cloud-amd64"), "[    1.2] random: crng init done".into()];
         console.extend(PROBES.lines().map(|l| format!("{PROBE}{l}")));
         console.push(format!("[ 3.4] veth: noise{}", step.line()));

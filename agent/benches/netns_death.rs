@@ -1,0 +1,175 @@
+//! Time from `ip netns del` to the model marking that netns dead, over 200
+//! namespaces with veths, beside the kernel's own teardown time in the
+//! same run (`ip netns del` -> RTM_DELNSID on a plain listener).
+//!
+//! `cargo bench -p netreap --bench netns_death` (root). Not a test: it
+//! prints a table and asserts nothing beyond every death being seen.
+
+use std::{
+    collections::HashMap,
+    process::Command,
+    sync::mpsc,
+    time::{Duration, SystemTime},
+};
+
+use netreap::{
+    model::{Watcher, WatcherConfig},
+    netlink::{
+        Message, RECV_BUFFER, RtnlSocket, SocketOptions,
+        wire::{self, consts::RTNLGRP_NSID},
+    },
+};
+
+const NAMESPACES: usize = 200;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+}
+
+fn ip_batch(commands: &str) {
+    use std::io::Write as _;
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run ip -batch");
+    child.stdin.take().expect("stdin").write_all(commands.as_bytes()).expect("feed ip");
+    assert!(child.wait().expect("ip -batch").success());
+}
+
+/// A plain RTNLGRP_NSID listener: when the kernel says each nsid died.
+fn plain_listener() -> mpsc::Receiver<(i32, SystemTime)> {
+    let socket = RtnlSocket::open(&SocketOptions {
+        groups: vec![RTNLGRP_NSID],
+        listen_all_nsid: false,
+        receive_buffer: 4 << 20,
+        nonblocking: false,
+    })
+    .expect("plain netlink listener");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; RECV_BUFFER];
+        while let Ok(Some(d)) = socket.recv(&mut buf) {
+            let at = SystemTime::now();
+            for (h, p) in wire::messages(&buf[..d.len]).flatten() {
+                if let Ok(Message::DelNsid { nsid: Some(n) }) = wire::decode(&h, p)
+                    && tx.send((n, at)).is_err()
+                {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1e3)
+}
+
+fn row(name: &str, mut v: Vec<Duration>) {
+    v.sort_unstable();
+    let mean = v.iter().sum::<Duration>() / v.len() as u32;
+    println!(
+        "{name:<44} {:>9} {:>9} {:>9} {:>9}",
+        ms(percentile(&v, 0.5)),
+        ms(percentile(&v, 0.99)),
+        ms(mean),
+        ms(*v.last().expect("samples"))
+    );
+}
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("netns_death: skipped, needs root to create network namespaces");
+        return;
+    }
+    // `cargo bench` passes --bench; `cargo test --benches` runs us with no
+    // such flag: stay quick there.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("netns_death: run with `cargo bench` to measure");
+        return;
+    }
+    let prefix = format!("nrb{}x", std::process::id() % 100_000);
+    let names: Vec<String> = (0..NAMESPACES).map(|i| format!("{prefix}{i}")).collect();
+    let kernel_deaths = plain_listener();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let config = WatcherConfig { resync_interval: Duration::from_secs(3600), ..WatcherConfig::default() };
+        let (watcher, mut deaths) = Watcher::start(config).await.expect("model starts");
+        // Each netns with a veth pair to the host, as a pod has.
+        let mut setup = String::new();
+        for (i, n) in names.iter().enumerate() {
+            setup.push_str(&format!("netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}\n"));
+            setup.push_str(&format!("-n {n} addr add 10.{}.{}.2/24 dev eth0\n", 100 + i / 250, i % 250));
+        }
+        ip_batch(&setup);
+        let inodes: Vec<u32> = names
+            .iter()
+            .map(|n| {
+                use std::os::unix::fs::MetadataExt as _;
+                std::fs::metadata(format!("/run/netns/{n}")).expect("netns mount").ino() as u32
+            })
+            .collect();
+        let nsids: HashMap<u32, i32> = loop {
+            let s = watcher.snapshot().await.expect("snapshot");
+            let found: HashMap<u32, i32> = inodes
+                .iter()
+                .filter_map(|&i| s.live_by_inode(i).filter(|v| !v.addresses.is_empty()).and_then(|v| Some((i, v.nsid?))))
+                .collect();
+            if found.len() == inodes.len() {
+                break found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+
+        let (mut kernel, mut model, mut overhead) = (Vec::new(), Vec::new(), Vec::new());
+        for (name, inode) in names.iter().zip(&inodes) {
+            let nsid = nsids[inode];
+            let t0 = SystemTime::now();
+            ip(&["netns", "del", name]);
+            let death = loop {
+                let d = tokio::time::timeout(Duration::from_secs(10), deaths.recv())
+                    .await
+                    .expect("death seen within 10 s")
+                    .expect("model running");
+                if d.inode == Some(*inode) {
+                    break d;
+                }
+            };
+            let kernel_at = loop {
+                let (n, at) = kernel_deaths.recv_timeout(Duration::from_secs(10)).expect("RTM_DELNSID seen");
+                if n == nsid {
+                    break at;
+                }
+            };
+            let since = |t: SystemTime| t.duration_since(t0).unwrap_or_default();
+            kernel.push(since(kernel_at));
+            model.push(since(death.at));
+            overhead.push(death.at.duration_since(kernel_at).unwrap_or_default());
+        }
+        let stats = watcher.snapshot().await.expect("snapshot").stats;
+        watcher.stop().await.expect("stop");
+
+        println!();
+        println!("netns death latency, {NAMESPACES} namespaces with a veth pair each (ms)");
+        println!("{:<44} {:>9} {:>9} {:>9} {:>9}", "", "p50", "p99", "mean", "max");
+        row("kernel: ip netns del -> RTM_DELNSID (plain)", kernel);
+        row("model:  ip netns del -> marked dead", model);
+        row("model after kernel (same death)", overhead);
+        println!(
+            "deaths={} dropped={} overruns={} corrections={}",
+            stats.deaths,
+            stats.deaths_dropped,
+            stats.overruns,
+            stats.corrections.total()
+        );
+    });
+}

@@ -1,0 +1,84 @@
+//! Maps what the agent observed (the kernel model, the attachment ledger,
+//! the CNI cache) onto the decision engine's inputs.
+
+use std::{path::PathBuf, time::SystemTime};
+
+use crate::{
+    engine::{
+        Observations,
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, same_netns_path},
+    },
+    ipam::cnicache::CachedAttachment,
+    ledger::Ledger,
+    model::snapshot::{ModelSnapshot, NetnsView},
+};
+
+fn netns_id(view: &NetnsView) -> Option<NetnsId> {
+    view.inode.map(|inode| NetnsId { inode: u64::from(inode), nsid: view.nsid })
+}
+
+/// Containers tied to a netns: by inode from the ledger, by path from the cache.
+fn containers_of(view: &NetnsView, ledger: &Ledger, cache: &[CachedAttachment]) -> Vec<String> {
+    let mut ids: Vec<String> = ledger
+        .attachments()
+        .filter(|a| a.netns_inode.is_some() && a.netns_inode == view.inode.map(u64::from))
+        .map(|a| a.container_id.clone())
+        .collect();
+    for entry in cache {
+        let Some(path) = entry.netns.as_deref() else { continue };
+        if view.bind_mounts.iter().any(|m| same_netns_path(m, std::path::Path::new(path)))
+            && !ids.contains(&entry.container_id)
+        {
+            ids.push(entry.container_id.clone());
+        }
+    }
+    ids.sort();
+    ids
+}
+
+/// Everything the engine needs, from one model snapshot, the ledger and a
+/// cache scan. `watching_since` is when the probes last started recording
+/// without a gap (None for a one-shot scan that saw no CNI run).
+#[must_use]
+pub fn observations(
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[CachedAttachment],
+    watching_since: Option<SystemTime>,
+) -> Observations {
+    let mut obs = Observations { watching_since, ..Observations::default() };
+    for view in &snapshot.netns {
+        let Some(id) = netns_id(view) else { continue };
+        let container_ids = containers_of(view, ledger, cache);
+        let addresses = view.global_addresses().map(|a| a.ip).collect();
+        let paths: Vec<PathBuf> = view.bind_mounts.clone();
+        match (view.alive, view.died_at) {
+            (true, _) => obs.live.push(LiveNetns { id, container_ids, addresses, paths }),
+            (false, Some(died_at)) => obs.dead.push(DeadNetns { id, died_at, container_ids, addresses, paths }),
+            // Dead without a time cannot anchor a release: leave it out.
+            (false, None) => {}
+        }
+    }
+    for a in ledger.attachments() {
+        let seen_at = a.first_seen;
+        let netns = match (a.netns_inode, &a.netns_path) {
+            (Some(inode), _) => NetnsRef::Id(NetnsId { inode, nsid: None }),
+            (None, Some(path)) => NetnsRef::Path(PathBuf::from(path)),
+            (None, None) => continue,
+        };
+        obs.bindings.push(Binding { container_id: a.container_id.clone(), netns, source: BindingSource::CniExec, seen_at });
+        for op in &a.operations {
+            obs.cni_ops.push(CniOp {
+                container_id: Some(a.container_id.clone()),
+                container_id_truncated: op.truncated,
+                command: op.command.clone(),
+                plugin: op.plugin.clone(),
+                started_at: op.started_at,
+                finished_at: op.finished_at,
+                exit_code: op.exit.as_ref().and_then(|e| e.exit_code),
+            });
+        }
+    }
+    obs.add_cached_attachments(cache);
+    obs
+}

@@ -1,0 +1,369 @@
+//! `netreap run`: the agent. Kernel events feed the ledger and the model;
+//! each netns death (and every resync interval) runs the pure engine over
+//! fresh observations and releases what is orphaned, journaled, with its
+//! evidence in the event stream and the metrics.
+
+pub mod evidence;
+mod report;
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
+};
+
+use serde_json::{Value, json};
+use tokio::{signal::unix::SignalKind, sync::watch};
+use tracing::{info, warn};
+
+use crate::{
+    config::Config,
+    engine::{Policy, Status, Verdict, decide, decide_one},
+    ipam::{ReservationStore, cnicache::CniCache, hostlocal::HostLocalStore, scan_all},
+    kernel::{
+        events::KernelEvent,
+        probes::{ProbeState, Probes},
+        stream::KernelStream,
+    },
+    ledger::{Ledger, StatResolver},
+    model::{ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
+    release::{ReleaseRecord, Releaser, ReleaserConfig},
+    telemetry::{
+        clock::Clock,
+        http::{self, Endpoints, Readiness},
+        metrics::Metrics,
+        stream::EventStream,
+    },
+};
+
+/// Test-only failure injection (scenario: agent killed between intent and
+/// unlink): when set to 1 the process aborts right after the first intent
+/// is fsync'd.
+pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
+
+/// The state endpoint's document, updated as the agent works.
+#[derive(Default)]
+struct StateDoc {
+    probes: Value,
+    model: Value,
+    attachments: Value,
+    verdicts: Value,
+}
+
+impl StateDoc {
+    fn to_json(&self) -> Value {
+        json!({
+            "probes": self.probes,
+            "model": self.model,
+            "attachments": self.attachments,
+            "verdicts": self.verdicts,
+        })
+    }
+}
+
+/// Key of a reservation across reconciles: its file.
+type ReservationKey = PathBuf;
+
+struct Agent {
+    config: Config,
+    policy: Policy,
+    clock: Clock,
+    events: EventStream,
+    metrics: Metrics,
+    ledger: Ledger,
+    model: ModelHandle,
+    stores: Vec<HostLocalStore>,
+    cache: CniCache,
+    releaser: Releaser,
+    /// The probes have recorded every CNI run since then (reset by a loss).
+    watching_since: SystemTime,
+    verdicts: HashMap<ReservationKey, Status>,
+    state: Arc<Mutex<StateDoc>>,
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+
+    let metrics = Metrics::new(env!("CARGO_PKG_VERSION"));
+    let events = EventStream::open_rotating(&config.events, config.events_max_bytes, config.events_keep)
+        .context("opening the event stream")?;
+    let readiness = Readiness::new();
+    let state = Arc::new(Mutex::new(StateDoc::default()));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let listener = http::bind(config.metrics_addr).await.context("binding the metrics/state endpoint")?;
+    info!("serving /metrics, /healthz, /readyz, /state on http://{}", config.metrics_addr);
+    let state_for_http = Arc::clone(&state);
+    let endpoints = Endpoints {
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+        state: Arc::new(move || state_for_http.lock().map_or(Value::Null, |s| s.to_json())),
+    };
+    let http_task = tokio::spawn(http::serve(listener, endpoints, stop_rx));
+
+    let mut probes = Probes::load().context("loading the eBPF probes")?;
+    log_probe_status(&probes);
+    if let Ok(mut s) = state.lock() {
+        s.probes = serde_json::to_value(&probes.status).unwrap_or(Value::Null);
+    }
+    let watching_since = SystemTime::now();
+    let mut kernel = KernelStream::new(&mut probes).context("reading the probes' ring buffer")?;
+
+    let watcher_config = WatcherConfig { resync_interval: config.resync_interval, ..WatcherConfig::default() };
+    let (watcher, mut deaths) = Watcher::start(watcher_config).await.context("starting the netns model")?;
+
+    let releaser_config = ReleaserConfig {
+        dry_run: config.dry_run,
+        host_local_dirs: config.host_local_dirs.clone(),
+        cni_cache_dir: Some(config.cni_cache_dir.clone()),
+        abort_after_intent: std::env::var(CRASH_AFTER_INTENT_ENV).is_ok_and(|v| v == "1"),
+    };
+    let releaser = Releaser::open(&config.state_dir, releaser_config).context("opening the release journal")?;
+
+    let mut agent = Agent {
+        policy: Policy { in_flight_grace: config.in_flight_grace, orphan_grace: config.orphan_grace },
+        clock: Clock::new(),
+        events,
+        metrics,
+        ledger: Ledger::new(),
+        model: watcher.handle(),
+        stores: config.host_local_dirs.iter().map(HostLocalStore::new).collect(),
+        cache: CniCache::new(config.cni_cache_dir.clone()),
+        releaser,
+        watching_since,
+        verdicts: HashMap::new(),
+        state,
+        config,
+    };
+
+    agent.recover().await?;
+    agent.reconcile("startup").await?;
+    readiness.mark_ready();
+    info!(dry_run = agent.config.dry_run, "netreap ready");
+
+    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut resync = tokio::time::interval(agent.config.resync_interval);
+    resync.tick().await;
+    let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
+            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
+            batch = kernel.next_batch() => {
+                if agent.on_kernel_batch(batch?).await? {
+                    agent.reconcile("cni_exit").await?;
+                }
+            }
+            death = deaths.recv() => {
+                let Some(death) = death else { anyhow::bail!("the netns model stopped") };
+                agent.on_death(&death)?;
+                while let Ok(more) = deaths.try_recv() {
+                    agent.on_death(&more)?;
+                }
+                agent.reconcile("netns_died").await?;
+            }
+            _ = resync.tick() => {
+                agent.reconcile("interval").await?;
+            }
+            _ = housekeeping.tick() => {
+                agent.housekeeping(&mut kernel).await?;
+            }
+        }
+    }
+
+    // Detach the probes first so no more work arrives, then flush.
+    drop(kernel);
+    drop(probes);
+    let _ = watcher.stop().await;
+    agent.events.sync()?;
+    let _ = stop_tx.send(true);
+    let _ = http_task.await;
+    info!("probes detached, journal and event stream flushed; bye");
+    Ok(())
+}
+
+pub fn log_probe_status(probes: &Probes) {
+    for s in &probes.status {
+        match &s.state {
+            ProbeState::Active => info!(probe = s.spec.program, attach = %s.spec.attach, "probe active"),
+            ProbeState::Unavailable(reason) => warn!(
+                probe = s.spec.program,
+                attach = %s.spec.attach,
+                fallback = s.spec.fallback,
+                "probe unavailable on this kernel: {reason}"
+            ),
+        }
+    }
+}
+
+impl Agent {
+    /// Settles intents a previous run left without outcome, re-verified on
+    /// fresh observations.
+    async fn recover(&mut self) -> anyhow::Result<()> {
+        if self.releaser.journal().pending().is_empty() {
+            return Ok(());
+        }
+        let obs = self.observations().await?;
+        let (now, policy) = (SystemTime::now(), self.policy);
+        let records = self.releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
+        for record in &records {
+            self.emit_release(record, "recovery", None)?;
+        }
+        Ok(())
+    }
+
+    async fn observations(&mut self) -> anyhow::Result<crate::engine::Observations> {
+        let snapshot = self.model.snapshot().await?;
+        let cache = self.cache.scan();
+        let obs = evidence::observations(&snapshot, &self.ledger, &cache.attachments, Some(self.watching_since));
+        self.metrics.set_netns_alive(snapshot.alive().count() as u64);
+        if let Ok(mut s) = self.state.lock() {
+            s.model = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
+        }
+        Ok(obs)
+    }
+
+    /// Returns whether a CNI operation finished (verdicts may change).
+    async fn on_kernel_batch(
+        &mut self,
+        batch: Vec<Result<KernelEvent, crate::kernel::events::DecodeError>>,
+    ) -> anyhow::Result<bool> {
+        let mut decoded = Vec::with_capacity(batch.len());
+        let mut cni_finished = false;
+        for record in batch {
+            match record {
+                Ok(event) => {
+                    let clock = self.clock;
+                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &StatResolver) {
+                        if let KernelEvent::CniExit { task, .. } = &event {
+                            if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
+                                self.metrics.cni_operation(&op.command, op.result());
+                            }
+                            cni_finished = true;
+                        }
+                    }
+                    self.events.emit(self.clock.wall(event.task().ktime_ns), event.name(), &event)?;
+                    decoded.push(event);
+                }
+                Err(e) => {
+                    warn!("malformed kernel record skipped: {e}");
+                    self.events.emit(SystemTime::now(), "malformed_record", &json!({ "error": e.to_string() }))?;
+                }
+            }
+        }
+        if !decoded.is_empty() {
+            self.model.kernel_events(decoded).await?;
+            if let Ok(mut s) = self.state.lock() {
+                s.attachments = serde_json::to_value(self.ledger.snapshot()).unwrap_or(Value::Null);
+            }
+        }
+        Ok(cni_finished)
+    }
+
+    fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<()> {
+        self.metrics.netns_destroyed();
+        let containers: Vec<&str> = self
+            .ledger
+            .attachments()
+            .filter(|a| a.netns_inode.is_some() && a.netns_inode == death.inode.map(u64::from))
+            .map(|a| a.container_id.as_str())
+            .collect();
+        let addresses: Vec<String> = death.addresses.iter().map(|a| a.ip.to_string()).collect();
+        info!(inode = ?death.inode, nsid = ?death.nsid, source = ?death.source, ?addresses, "netns died");
+        self.events.emit(
+            death.at,
+            "netns_died",
+            &json!({
+                "netns_inode": death.inode,
+                "nsid": death.nsid,
+                "source": death.source,
+                "addresses": addresses,
+                "bind_mounts": death.bind_mounts,
+                "container_ids": containers,
+                "creator": death.creator,
+            }),
+        )?;
+        Ok(())
+    }
+
+    async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        let dropped = kernel.new_drops()?;
+        if dropped > 0 {
+            // Something may be missing from the ledger: from now on, youth
+            // grace again, and re-read the model.
+            warn!(dropped, "ring buffer full: kernel records lost; resyncing");
+            self.watching_since = SystemTime::now();
+            self.metrics.ringbuf_drops(dropped);
+            self.metrics.resync("ringbuf_drop");
+            self.events.emit(SystemTime::now(), "records_dropped", &json!({ "dropped": dropped }))?;
+            self.model.resync().await?;
+        }
+        let vanished = self.ledger.reap_vanished(SystemTime::now(), |pid| {
+            std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
+        if vanished > 0 {
+            self.reconcile("cni_exit_unobserved").await?;
+        }
+        Ok(())
+    }
+
+    /// One full pass: observe, decide, release what is orphaned, report.
+    async fn reconcile(&mut self, reason: &str) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
+        let obs = self.observations().await?;
+        let stores: Vec<&dyn ReservationStore> = self.stores.iter().map(|s| s as &dyn ReservationStore).collect();
+        let scan = scan_all(&stores);
+        let now = SystemTime::now();
+        let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
+        self.report_changes(&verdicts)?;
+        let records = self.releaser.release_orphaned(&verdicts)?;
+        for record in &records {
+            let died_at = report::death_time(&record.verdict);
+            self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
+        }
+        self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
+        if let Ok(mut s) = self.state.lock() {
+            s.verdicts = serde_json::to_value(&verdicts).unwrap_or(Value::Null);
+        }
+        tracing::debug!(reason, reservations = verdicts.len(), took_ms = started.elapsed().as_millis() as u64, "reconciled");
+        Ok(())
+    }
+
+    fn report_changes(&mut self, verdicts: &[Verdict]) -> anyhow::Result<()> {
+        let mut seen = HashMap::with_capacity(verdicts.len());
+        for v in verdicts {
+            let key = v.reservation.path.clone();
+            let before = self.verdicts.get(&key).copied();
+            if before != Some(v.status) {
+                self.events.emit(SystemTime::now(), "verdict_changed", &report::verdict_changed(v, before))?;
+                if v.status == Status::Conflict {
+                    self.metrics.conflict();
+                    warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
+                    self.events.emit(SystemTime::now(), "conflict", &report::conflict(v))?;
+                }
+            }
+            seen.insert(key, v.status);
+        }
+        self.verdicts = seen;
+        Ok(())
+    }
+
+    fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {
+        let now = SystemTime::now();
+        let latency = died_at.and_then(|d| now.duration_since(d).ok());
+        let outcome = report::outcome_label(&record.outcome);
+        self.metrics.release(reason, outcome);
+        if record.outcome.released() {
+            if let Some(latency) = latency {
+                self.metrics.observe_death_to_release(latency);
+            }
+        }
+        let r = &record.verdict.reservation;
+        info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
+        self.events.emit(now, "release", &report::release(record, reason, latency))?;
+        Ok(())
+    }
+}

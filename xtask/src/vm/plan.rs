@@ -1,0 +1,290 @@
+//! Which kernel-facing checks run, in order. The host builds the plan from
+//! the test binaries cargo made; a guest receives it as a text file (with the
+//! binaries' paths inside the initramfs) and runs it with [`super::guest`].
+//!
+//! Only tests that touch the kernel run in a guest: the pure ones prove
+//! nothing new there and cost emulated CPU time. Every binary cargo built
+//! that is not run appears as a skipped step with its reason.
+
+use std::path::{Path, PathBuf};
+
+use super::{
+    VmError,
+    cargo::{Artifacts, TestBinary},
+};
+
+/// A kernel-facing test binary and what must be true for it to run.
+struct KernelFacing {
+    /// Cargo target kind and name (`lib`/`netreap`, `test`/`probes`).
+    kind: &'static str,
+    name: &'static str,
+    /// libtest name filters; empty runs every test of the binary.
+    filters: &'static [&'static str],
+    /// Tests that must report `ok`: the step fails if one is absent, so a
+    /// rename cannot silently leave a kernel unproven.
+    must_pass: &'static [&'static str],
+    /// Host files the tests use (copied into the guest); absent ones make
+    /// the step a skip with this reason.
+    needs: &'static [&'static str],
+    needs_why: &'static str,
+}
+
+/// Debian's CNI plugins the reclaim lab uses (`support::lab`).
+pub const CNI_PLUGINS: &[&str] = &[
+    "/usr/lib/cni/bridge",
+    "/usr/lib/cni/host-local",
+    "/usr/lib/cni/loopback",
+    "/usr/lib/cni/ptp",
+    "/usr/lib/cni/macvlan",
+];
+
+const KERNEL_FACING: &[KernelFacing] = &[
+    KernelFacing {
+        kind: "lib",
+        name: "netreap",
+        // BTF offsets, record decoding and rtnetlink against this kernel.
+        filters: &["kernel::", "netlink::", "discovery::"],
+        must_pass: &["kernel::btf::tests::this_kernels_offsets_resolve"],
+        needs: &[],
+        needs_why: "",
+    },
+    KernelFacing {
+        kind: "test",
+        name: "probes",
+        filters: &[],
+        must_pass: &[
+            "unshare_reports_the_new_netns_inode",
+            "clone_with_newnet_reports_the_childs_netns",
+            "clone3_with_newnet_reports_the_childs_netns",
+            "setns_reports_only_a_real_change",
+            "cni_plugin_runs_report_exec_and_exit",
+        ],
+        needs: &["/usr/sbin/ip", "/usr/bin/unshare", "/usr/bin/nsenter"],
+        needs_why: "iproute2 / util-linux missing on the host, nothing to copy into the guest",
+    },
+    KernelFacing {
+        kind: "test",
+        name: "reclaim",
+        filters: &[],
+        must_pass: &[],
+        needs: &["/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/sbin/ip"],
+        needs_why: "Debian's containernetworking-plugins are not installed on the host",
+    },
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Root and BTF: without them the tests return early and "pass".
+    Preconditions,
+    /// `netreap probes`: the report kept as an artifact.
+    Probes {
+        netreap: PathBuf,
+    },
+    /// `netreap run` sees a netns made by `unshare -n` through every active
+    /// probe kind (the fentry/fexit path where the kernel allows it).
+    Events {
+        netreap: PathBuf,
+    },
+    Test {
+        label: String,
+        binary: PathBuf,
+        args: Vec<String>,
+        must_pass: Vec<String>,
+    },
+    Skip {
+        label: String,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+}
+
+impl Plan {
+    /// The plan for the binaries cargo built, with host paths.
+    pub fn build(artifacts: &Artifacts) -> Result<Self, VmError> {
+        let netreap =
+            artifacts.netreap.clone().ok_or_else(|| VmError::Plan("cargo built no `netreap` executable".into()))?;
+        let mut steps = vec![Step::Preconditions, Step::Probes { netreap: netreap.clone() }, Step::Events { netreap }];
+        for kf in KERNEL_FACING {
+            if !artifacts.tests.iter().any(|t| t.kind == kf.kind && t.name == kf.name) {
+                return Err(VmError::Plan(format!(
+                    "no {} test binary `{}`: update KERNEL_FACING in xtask/src/vm/plan.rs",
+                    kf.kind, kf.name
+                )));
+            }
+        }
+        for t in &artifacts.tests {
+            steps.push(step_for(t));
+        }
+        Ok(Self { steps })
+    }
+
+    /// Every executable the plan runs.
+    #[must_use]
+    pub fn binaries(&self) -> Vec<&Path> {
+        let mut out: Vec<&Path> = Vec::new();
+        for step in &self.steps {
+            let p = match step {
+                Step::Probes { netreap } | Step::Events { netreap } => netreap.as_path(),
+                Step::Test { binary, .. } => binary.as_path(),
+                Step::Preconditions | Step::Skip { .. } => continue,
+            };
+            if !out.contains(&p) {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    /// The same plan with each executable's path rewritten (host -> guest).
+    #[must_use]
+    pub fn map_binaries(&self, f: impl Fn(&Path) -> PathBuf) -> Self {
+        let steps = self
+            .steps
+            .iter()
+            .map(|s| match s {
+                Step::Probes { netreap } => Step::Probes { netreap: f(netreap) },
+                Step::Events { netreap } => Step::Events { netreap: f(netreap) },
+                Step::Test { label, binary, args, must_pass } => Step::Test {
+                    label: label.clone(),
+                    binary: f(binary),
+                    args: args.clone(),
+                    must_pass: must_pass.clone(),
+                },
+                other => other.clone(),
+            })
+            .collect();
+        Self { steps }
+    }
+
+    /// One step a line, tab-separated fields, lists space-separated.
+    #[must_use]
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for step in &self.steps {
+            let fields: Vec<String> = match step {
+                Step::Preconditions => vec!["preconditions".into()],
+                Step::Probes { netreap } => vec!["probes".into(), netreap.display().to_string()],
+                Step::Events { netreap } => vec!["events".into(), netreap.display().to_string()],
+                Step::Test { label, binary, args, must_pass } => vec![
+                    "test".into(),
+                    label.clone(),
+                    binary.display().to_string(),
+                    args.join(" "),
+                    must_pass.join(" "),
+                ],
+                Step::Skip { label, reason } => vec!["skip".into(), label.clone(), reason.clone()],
+            };
+            out.push_str(&fields.iter().map(|f| f.replace(['\t', '\n'], " ")).collect::<Vec<_>>().join("\t"));
+            out.push('\n');
+        }
+        out
+    }
+
+    pub fn parse(text: &str) -> Result<Self, VmError> {
+        let words = |s: &str| s.split_whitespace().map(str::to_owned).collect::<Vec<_>>();
+        let mut steps = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let f: Vec<&str> = line.split('\t').collect();
+            let step = match f.as_slice() {
+                ["preconditions"] => Step::Preconditions,
+                ["probes", p] => Step::Probes { netreap: PathBuf::from(p) },
+                ["events", p] => Step::Events { netreap: PathBuf::from(p) },
+                ["test", label, binary, args, must_pass] => Step::Test {
+                    label: (*label).to_owned(),
+                    binary: PathBuf::from(binary),
+                    args: words(args),
+                    must_pass: words(must_pass),
+                },
+                ["skip", label, reason] => Step::Skip { label: (*label).to_owned(), reason: (*reason).to_owned() },
+                _ => return Err(VmError::Plan(format!("bad plan line: {line:?}"))),
+            };
+            steps.push(step);
+        }
+        Ok(Self { steps })
+    }
+}
+
+fn label_of(t: &TestBinary) -> String {
+    match t.kind.as_str() {
+        "lib" => format!("{} lib tests", t.name),
+        "bin" => format!("{} bin tests", t.name),
+        _ => format!("tests/{}.rs", t.name),
+    }
+}
+
+fn step_for(t: &TestBinary) -> Step {
+    let label = label_of(t);
+    let Some(kf) = KERNEL_FACING.iter().find(|k| k.kind == t.kind && k.name == t.name) else {
+        return Step::Skip {
+            label,
+            reason:
+                "not kernel-facing (not in KERNEL_FACING, xtask/src/vm/plan.rs); runs on the host in `cargo xtask test`"
+                    .into(),
+        };
+    };
+    let missing: Vec<&str> = kf.needs.iter().copied().filter(|p| !Path::new(p).exists()).collect();
+    if !missing.is_empty() {
+        return Step::Skip { label, reason: format!("{}: {}", kf.needs_why, missing.join(", ")) };
+    }
+    let label = if kf.filters.is_empty() { label } else { format!("{label} ({})", kf.filters.join(" ")) };
+    Step::Test {
+        label,
+        binary: t.path.clone(),
+        args: kf.filters.iter().map(|f| (*f).to_owned()).collect(),
+        must_pass: kf.must_pass.iter().map(|f| (*f).to_owned()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifacts() -> Artifacts {
+        let t = |kind: &str, name: &str| TestBinary {
+            kind: kind.into(),
+            name: name.into(),
+            path: PathBuf::from(format!("/t/{name}-{kind}")),
+        };
+        Artifacts {
+            tests: vec![
+                t("lib", "netreap"),
+                t("bin", "netreap"),
+                t("test", "probes"),
+                t("test", "reclaim"),
+                t("test", "telemetry"),
+            ],
+            netreap: Some("/t/netreap".into()),
+        }
+    }
+
+    #[test]
+    fn kernel_facing_binaries_run_and_the_rest_are_skipped_with_a_reason() {
+        let plan = Plan::build(&artifacts()).unwrap();
+        assert_eq!(plan.steps[0], Step::Preconditions);
+        let Step::Test { args, must_pass, .. } = &plan.steps[3] else { panic!("{:?}", plan.steps[3]) };
+        assert!(args.contains(&"kernel::".to_owned()));
+        assert!(must_pass.contains(&"kernel::btf::tests::this_kernels_offsets_resolve".to_owned()));
+        assert!(matches!(&plan.steps[4], Step::Skip { label, .. } if label == "netreap bin tests"));
+        assert!(matches!(&plan.steps[7], Step::Skip { label, .. } if label == "tests/telemetry.rs"));
+    }
+
+    #[test]
+    fn a_missing_kernel_facing_binary_is_an_error() {
+        let mut a = artifacts();
+        a.tests.retain(|t| t.name != "probes");
+        assert!(Plan::build(&a).is_err());
+    }
+
+    #[test]
+    fn text_round_trips_and_paths_map() {
+        let plan = Plan::build(&artifacts()).unwrap();
+        assert_eq!(Plan::parse(&plan.to_text()).unwrap(), plan);
+        let guest = plan.map_binaries(|p| Path::new("/netreap/bin").join(p.file_name().unwrap()));
+        assert!(guest.binaries().iter().all(|p| p.starts_with("/netreap/bin")));
+        assert_eq!(guest.binaries().len(), plan.binaries().len());
+    }
+}

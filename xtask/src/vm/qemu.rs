@@ -1,0 +1,99 @@
+//! Boots a kernel with the initramfs under qemu's software emulation (TCG:
+//! `-enable-kvm` fails on these machines) and streams its serial console.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use super::{VmError, kernels::Kernel, report};
+
+pub const QEMU: &str = "qemu-system-x86_64";
+/// After the result line the guest only powers off; give it this long.
+const POWEROFF_GRACE: Duration = Duration::from_secs(30);
+
+/// How a boot ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// qemu exited (the guest powered off, or panicked with -no-reboot).
+    Exited(String),
+    /// The bound passed; qemu was killed.
+    TimedOut,
+}
+
+pub struct Boot {
+    pub console: Vec<String>,
+    pub end: End,
+    pub elapsed: Duration,
+}
+
+/// Boots `kernel` with `initrd`, printing each console line prefixed with
+/// `tag`, until qemu exits or `bound` passes.
+pub fn boot(kernel: &Kernel, initrd: &Path, tag: &str, bound: Duration) -> Result<Boot, VmError> {
+    let mut cmd = Command::new(QEMU);
+    cmd.args(["-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "2"])
+        .args(["-nographic", "-no-reboot", "-nic", "none"])
+        .arg("-kernel")
+        .arg(&kernel.vmlinuz)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        // No terminal on stdin: qemu would put it in raw mode.
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| VmError::spawn(QEMU, source))?;
+    let (tx, rx) = mpsc::channel::<String>();
+    for pipe in [
+        child.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+        child.stderr.take().map(|p| Box::new(p) as _),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let tx = tx.clone();
+        thread::spawn(move || {
+            let mut reader = BufReader::new(pipe);
+            let mut buf = Vec::new();
+            // Bytes, not UTF-8 lines: the console may carry anything.
+            while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
+                let line = String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']).to_owned();
+                buf.clear();
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
+
+    let mut console = Vec::new();
+    let mut deadline = start + bound;
+    let mut end = None;
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => {
+                println!("{tag} | {line}");
+                if line.contains(report::RESULT) {
+                    deadline = deadline.min(Instant::now() + POWEROFF_GRACE);
+                }
+                console.push(line);
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                // Our own child: kill it by its handle.
+                let _ = child.kill();
+                end = Some(End::TimedOut);
+                break;
+            }
+        }
+    }
+    let status = child.wait().map_err(|source| VmError::spawn(QEMU, source))?;
+    let end = end.unwrap_or_else(|| End::Exited(status.to_string()));
+    Ok(Boot { console, end, elapsed: start.elapsed() })
+}
