@@ -31,6 +31,15 @@ enum Command {
     /// Print every network namespace with its interfaces, addresses, age
     /// and creator (`--json`: the model snapshot).
     Netns(cli::netns::NetnsArgs),
+    /// One-shot report: every reservation with its verdict and the evidence
+    /// that decided it, totals per network (`--json` for release --from-report).
+    Scan(cli::scan::ScanArgs),
+    /// Release exactly the orphaned entries of a reviewed scan report, each
+    /// re-verified first.
+    Release(cli::release::ReleaseArgs),
+    /// The running agent's attachment ledger: container, netns and every CNI
+    /// operation seen (failed ones included).
+    Attachments(cli::attachments::AttachmentsArgs),
     /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
     Config(cli::config::ConfigArgs),
 }
@@ -46,6 +55,9 @@ fn main() -> ExitCode {
         Command::Probes(args) => cli::probes::main(&args),
         Command::Netns(args) => cli::netns::main(&args),
         Command::Config(args) => cli::config::main(&args),
+        Command::Scan(args) => cli::scan::main(&args),
+        Command::Release(args) => cli::release::main(&args),
+        Command::Attachments(args) => cli::attachments::main(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

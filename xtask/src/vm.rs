@@ -36,7 +36,7 @@ target/vm/artifacts. --timeout bounds each guest (default 300 s).
 ";
 
 /// Per-guest bound under TCG.
-const DEFAULT_BOUND: Duration = Duration::from_secs(300);
+const DEFAULT_BOUND: Duration = Duration::from_mins(5);
 
 /// Packages the VM run needs on the host: (a file proving it, package).
 const VM_PACKAGES: &[(&str, &str)] = &[
@@ -253,7 +253,7 @@ fn on_host(plan: &plan::Plan) -> Outcome {
 fn in_vm(vm_dir: &Path, series: &str, plan: &plan::Plan, xtask: &Path, bound: Duration) -> Result<Outcome, VmError> {
     let kernel = kernels::ensure(vm_dir, series)?;
     let initrd = initramfs::build(vm_dir, &kernel, plan, xtask)?;
-    let size = fs::metadata(&initrd).map(|m| m.len() >> 20).unwrap_or(0);
+    let size = fs::metadata(&initrd).map_or(0, |m| m.len() >> 20);
     eprintln!(
         "xtask: vm-test: booting {} ({}) with {} ({size} MiB), bound {}s",
         kernel.release,
@@ -323,7 +323,7 @@ mod tests {
         let Ok(Mode::Matrix { targets, bound }) = parse_args(&args(&["--kernel", "6.12", "--timeout", "60"])) else {
             panic!()
         };
-        assert_eq!((targets, bound), (vec![Target::Vm("6.12".into())], Duration::from_secs(60)));
+        assert_eq!((targets, bound), (vec![Target::Vm("6.12".into())], Duration::from_mins(1)));
         assert!(parse_args(&args(&["--kernel", "5.10"])).is_err());
         assert!(parse_args(&args(&["--kernel"])).is_err());
         assert_eq!(parse_args(&args(&["--guest", "/netreap/plan"])).ok(), Some(Mode::Guest("/netreap/plan".into())));

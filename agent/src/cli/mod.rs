@@ -1,6 +1,9 @@
 //! One module per subcommand.
 
+pub mod attachments;
 pub mod config;
 pub mod netns;
 pub mod probes;
+pub mod release;
 pub mod run;
+pub mod scan;

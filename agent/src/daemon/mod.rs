@@ -4,6 +4,7 @@
 //! evidence in the event stream and the metrics.
 
 pub mod evidence;
+pub mod oneshot;
 mod report;
 
 use std::{

@@ -4,7 +4,10 @@
 //! is mounted, or init runs with no stdio) without `mknod` on the host, and
 //! so no extra package is needed.
 
-use std::io::{self, Write};
+use std::{
+    fmt::Write as _,
+    io::{self, Write},
+};
 
 /// File type bits of `st_mode`.
 const S_IFDIR: u32 = 0o040_000;
@@ -64,7 +67,7 @@ impl<W: Write> Writer<W> {
         let mut header = String::with_capacity(110);
         header.push_str("070701");
         for f in fields {
-            header.push_str(&format!("{f:08X}"));
+            let _ = write!(header, "{f:08X}");
         }
         self.put(header.as_bytes())?;
         self.put(name.as_bytes())?;
@@ -94,21 +97,21 @@ mod tests {
     #[test]
     fn entries_are_aligned_and_end_with_a_trailer() {
         let mut w = Writer::new(Vec::new());
-        w.dir("/bin", 0o755).unwrap();
-        w.file("/bin/x", 0o755, b"hello").unwrap();
-        w.symlink("/bin/sh", "busybox").unwrap();
-        w.char_dev("/dev/console", 0o600, 5, 1).unwrap();
-        let out = w.finish().unwrap();
+        w.dir("/bin", 0o755).expect("test data");
+        w.file("/bin/x", 0o755, b"hello").expect("test data");
+        w.symlink("/bin/sh", "busybox").expect("test data");
+        w.char_dev("/dev/console", 0o600, 5, 1).expect("test data");
+        let out = w.finish().expect("test data");
         assert_eq!(out.len() % 4, 0);
         assert!(out.starts_with(b"070701"));
         let text = String::from_utf8_lossy(&out);
         // name "bin/x" (6 with NUL) after a 110-byte header: data starts aligned.
-        let at = text.find("bin/x\0").unwrap();
+        let at = text.find("bin/x\0").expect("test data");
         let data = (at + 6).div_ceil(4) * 4;
         assert_eq!(&out[data..data + 5], b"hello");
         assert!(text.contains("TRAILER!!!\0"));
         // The console node: mode 020600, rdev 5:1.
-        let console = text.find("dev/console").unwrap() - 110;
+        let console = text.find("dev/console").expect("test data") - 110;
         assert_eq!(&text[console + 14..console + 22], "00002180");
         assert_eq!(&text[console + 78..console + 94], "0000000500000001");
     }

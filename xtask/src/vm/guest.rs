@@ -19,9 +19,9 @@ use super::{
 };
 
 /// Bound on one test binary; the VM's own bound is the backstop.
-const STEP_TIMEOUT: Duration = Duration::from_secs(240);
+const STEP_TIMEOUT: Duration = Duration::from_mins(4);
 /// Loading the probes parses the kernel's BTF: slow under emulation.
-const EVENTS_TIMEOUT: Duration = Duration::from_secs(120);
+const EVENTS_TIMEOUT: Duration = Duration::from_mins(2);
 
 /// Guest entry point: read the plan, run it, exit 0 only when all passed.
 pub fn main(plan_path: &Path) -> ExitCode {
@@ -230,27 +230,45 @@ fn expected_events(probes: &[ProbeRow]) -> Vec<&'static str> {
 }
 
 /// `netreap run` must report a netns made by `unshare -n` through each
-/// active kind of probe: tracepoints always, fexit copy_net_ns (creation)
-/// and fentry __put_net (death) where the kernel runs them. A new netns is
+/// active kind of probe: tracepoints always, fexit `copy_net_ns` (creation)
+/// and fentry `__put_net` (death) where the kernel runs them. A new netns is
 /// made every couple of seconds until one is seen, since when the probes
 /// are attached is not known from outside.
 fn events(netreap: &Path, probes: &[ProbeRow]) -> StepOutcome {
     let want = expected_events(probes);
     let label = format!("netreap run events ({})", want.join(", "));
+    // Dry run on empty private dirs, metrics on a free port: the check must
+    // not touch this machine's reservations or collide with another agent.
+    let scratch = std::env::temp_dir().join(format!("netreap-vm-events-{}", std::process::id()));
+    let dirs = ["networks", "cache", "state"].map(|d| scratch.join(d));
+    if let Some(e) = dirs.iter().find_map(|d| std::fs::create_dir_all(d).err()) {
+        return StepOutcome::check(&label, false, format!("cannot create {}: {e}", scratch.display()));
+    }
     let spawned = Command::new(netreap)
-        .args(["run", "--events", "-"])
+        .args(["run", "--dry-run", "--events", "-", "--metrics-addr", "127.0.0.1:0"])
+        .arg("--host-local-dir")
+        .arg(&dirs[0])
+        .arg("--cni-cache-dir")
+        .arg(&dirs[1])
+        .arg("--state-dir")
+        .arg(&dirs[2])
+        .env_remove("NETREAP_CONFIG")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn();
     let mut agent = match spawned {
         Ok(c) => c,
-        Err(e) => return StepOutcome::check(&label, false, format!("cannot run {}: {e}", netreap.display())),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return StepOutcome::check(&label, false, format!("cannot run {}: {e}", netreap.display()));
+        }
     };
     let events = lines_of(agent.stdout.take());
     let logs = lines_of(agent.stderr.take());
     let result = watch_for(&mut agent, &events, &want);
     stop(&mut agent);
+    let _ = std::fs::remove_dir_all(&scratch);
     match result {
         Ok(inode) => StepOutcome::check(&label, true, format!("netns {inode}: {}", want.join(" + "))),
         Err(why) => {

@@ -85,7 +85,7 @@ impl Tree {
         self.nodes.insert(path.to_owned(), node);
     }
 
-    /// Parents sort before children in a BTreeMap of paths (`/a` < `/a/b`).
+    /// Parents sort before children in a `BTreeMap` of paths (`/a` < `/a/b`).
     fn write(&self, out: &Path) -> Result<(), VmError> {
         let file = fs::File::create(out).map_err(io_err(out))?;
         let mut w = cpio::Writer::new(BufWriter::new(file));
@@ -243,7 +243,10 @@ mod tests {
     #[test]
     fn ldd_output_gives_library_paths() {
         let text = "\tlinux-vdso.so.1 (0x00007ffc)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n";
-        assert_eq!(parse_ldd(text).unwrap(), ["/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"]);
+        assert_eq!(
+            parse_ldd(text).expect("test data"),
+            ["/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"]
+        );
         assert_eq!(parse_ldd("\tlibfoo.so.1 => not found\n"), Err("libfoo.so.1".to_owned()));
     }
 

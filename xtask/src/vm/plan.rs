@@ -263,7 +263,7 @@ mod tests {
 
     #[test]
     fn kernel_facing_binaries_run_and_the_rest_are_skipped_with_a_reason() {
-        let plan = Plan::build(&artifacts()).unwrap();
+        let plan = Plan::build(&artifacts()).expect("test data");
         assert_eq!(plan.steps[0], Step::Preconditions);
         let Step::Test { args, must_pass, .. } = &plan.steps[3] else { panic!("{:?}", plan.steps[3]) };
         assert!(args.contains(&"kernel::".to_owned()));
@@ -281,9 +281,9 @@ mod tests {
 
     #[test]
     fn text_round_trips_and_paths_map() {
-        let plan = Plan::build(&artifacts()).unwrap();
-        assert_eq!(Plan::parse(&plan.to_text()).unwrap(), plan);
-        let guest = plan.map_binaries(|p| Path::new("/netreap/bin").join(p.file_name().unwrap()));
+        let plan = Plan::build(&artifacts()).expect("test data");
+        assert_eq!(Plan::parse(&plan.to_text()).expect("test data"), plan);
+        let guest = plan.map_binaries(|p| Path::new("/netreap/bin").join(p.file_name().expect("test data")));
         assert!(guest.binaries().iter().all(|p| p.starts_with("/netreap/bin")));
         assert_eq!(guest.binaries().len(), plan.binaries().len());
     }
