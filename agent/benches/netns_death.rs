@@ -1,19 +1,20 @@
 //! Time from `ip netns del` to the model marking that netns dead, over 200
 //! namespaces with veths, beside the kernel's own teardown time in the
-//! same run (`ip netns del` -> RTM_DELNSID on a plain listener).
+//! same run (`ip netns del` -> `RTM_DELNSID` on a plain listener).
 //!
 //! `cargo bench -p netreap --bench netns_death` (root). Not a test: it
 //! prints a table and asserts nothing beyond every death being seen.
 
 use std::{
     collections::HashMap,
+    fmt::Write as _,
     process::Command,
     sync::mpsc,
     time::{Duration, SystemTime},
 };
 
 use netreap::{
-    model::{Watcher, WatcherConfig},
+    model::{ModelStats, Watcher, WatcherConfig},
     netlink::{
         Message, RECV_BUFFER, RtnlSocket, SocketOptions,
         wire::{self, consts::RTNLGRP_NSID},
@@ -24,7 +25,12 @@ const NAMESPACES: usize = 200;
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn ip_batch(commands: &str) {
@@ -34,11 +40,16 @@ fn ip_batch(commands: &str) {
         .stdin(std::process::Stdio::piped())
         .spawn()
         .expect("run ip -batch");
-    child.stdin.take().expect("stdin").write_all(commands.as_bytes()).expect("feed ip");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(commands.as_bytes())
+        .expect("feed ip");
     assert!(child.wait().expect("ip -batch").success());
 }
 
-/// A plain RTNLGRP_NSID listener: when the kernel says each nsid died.
+/// A plain `RTNLGRP_NSID` listener: when the kernel says each nsid died.
 fn plain_listener() -> mpsc::Receiver<(i32, SystemTime)> {
     let socket = RtnlSocket::open(&SocketOptions {
         groups: vec![RTNLGRP_NSID],
@@ -64,8 +75,20 @@ fn plain_listener() -> mpsc::Receiver<(i32, SystemTime)> {
     rx
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+/// Deletes whatever namespaces are left, even after a panic.
+struct Cleanup(Vec<String>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+/// Nearest-rank percentile, `per_mille` of 1000.
+fn percentile(sorted: &[Duration], per_mille: usize) -> Duration {
+    let i = ((sorted.len() - 1) * per_mille).div_ceil(1000);
     sorted[i.min(sorted.len() - 1)]
 }
 
@@ -78,10 +101,34 @@ fn row(name: &str, mut v: Vec<Duration>) {
     let mean = v.iter().sum::<Duration>() / v.len() as u32;
     println!(
         "{name:<44} {:>9} {:>9} {:>9} {:>9}",
-        ms(percentile(&v, 0.5)),
-        ms(percentile(&v, 0.99)),
+        ms(percentile(&v, 500)),
+        ms(percentile(&v, 990)),
         ms(mean),
         ms(*v.last().expect("samples"))
+    );
+}
+
+fn report(
+    kernel: Vec<Duration>,
+    model: Vec<Duration>,
+    overhead: Vec<Duration>,
+    stats: &ModelStats,
+) {
+    println!();
+    println!("netns death latency, {NAMESPACES} namespaces with a veth pair each (ms)");
+    println!(
+        "{:<44} {:>9} {:>9} {:>9} {:>9}",
+        "", "p50", "p99", "mean", "max"
+    );
+    row("kernel: ip netns del -> RTM_DELNSID (plain)", kernel);
+    row("model:  ip netns del -> marked dead", model);
+    row("model after kernel (same death)", overhead);
+    println!(
+        "deaths={} dropped={} overruns={} corrections={}",
+        stats.deaths,
+        stats.deaths_dropped,
+        stats.overruns,
+        stats.corrections.total()
     );
 }
 
@@ -99,30 +146,48 @@ fn main() {
     }
     let prefix = format!("nrb{}x", std::process::id() % 100_000);
     let names: Vec<String> = (0..NAMESPACES).map(|i| format!("{prefix}{i}")).collect();
+    let _cleanup = Cleanup(names.clone());
     let kernel_deaths = plain_listener();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
-        let config = WatcherConfig { resync_interval: Duration::from_secs(3600), ..WatcherConfig::default() };
+        let config = WatcherConfig {
+            resync_interval: Duration::from_hours(1),
+            ..WatcherConfig::default()
+        };
         let (watcher, mut deaths) = Watcher::start(config).await.expect("model starts");
         // Each netns with a veth pair to the host, as a pod has.
         let mut setup = String::new();
         for (i, n) in names.iter().enumerate() {
-            setup.push_str(&format!("netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}\n"));
-            setup.push_str(&format!("-n {n} addr add 10.{}.{}.2/24 dev eth0\n", 100 + i / 250, i % 250));
+            let _ = writeln!(
+                setup,
+                "netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}"
+            );
         }
         ip_batch(&setup);
+        for n in &names {
+            ip(&["-n", n, "addr", "add", "10.100.0.2/24", "dev", "eth0"]);
+        }
         let inodes: Vec<u32> = names
             .iter()
             .map(|n| {
                 use std::os::unix::fs::MetadataExt as _;
-                std::fs::metadata(format!("/run/netns/{n}")).expect("netns mount").ino() as u32
+                std::fs::metadata(format!("/run/netns/{n}"))
+                    .expect("netns mount")
+                    .ino() as u32
             })
             .collect();
         let nsids: HashMap<u32, i32> = loop {
             let s = watcher.snapshot().await.expect("snapshot");
             let found: HashMap<u32, i32> = inodes
                 .iter()
-                .filter_map(|&i| s.live_by_inode(i).filter(|v| !v.addresses.is_empty()).and_then(|v| Some((i, v.nsid?))))
+                .filter_map(|&i| {
+                    s.live_by_inode(i)
+                        .filter(|v| !v.addresses.is_empty())
+                        .and_then(|v| Some((i, v.nsid?)))
+                })
                 .collect();
             if found.len() == inodes.len() {
                 break found;
@@ -145,7 +210,9 @@ fn main() {
                 }
             };
             let kernel_at = loop {
-                let (n, at) = kernel_deaths.recv_timeout(Duration::from_secs(10)).expect("RTM_DELNSID seen");
+                let (n, at) = kernel_deaths
+                    .recv_timeout(Duration::from_secs(10))
+                    .expect("RTM_DELNSID seen");
                 if n == nsid {
                     break at;
                 }
@@ -157,19 +224,6 @@ fn main() {
         }
         let stats = watcher.snapshot().await.expect("snapshot").stats;
         watcher.stop().await.expect("stop");
-
-        println!();
-        println!("netns death latency, {NAMESPACES} namespaces with a veth pair each (ms)");
-        println!("{:<44} {:>9} {:>9} {:>9} {:>9}", "", "p50", "p99", "mean", "max");
-        row("kernel: ip netns del -> RTM_DELNSID (plain)", kernel);
-        row("model:  ip netns del -> marked dead", model);
-        row("model after kernel (same death)", overhead);
-        println!(
-            "deaths={} dropped={} overruns={} corrections={}",
-            stats.deaths,
-            stats.deaths_dropped,
-            stats.overruns,
-            stats.corrections.total()
-        );
+        report(kernel, model, overhead, &stats);
     });
 }

@@ -80,6 +80,8 @@ struct Agent {
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     verdicts: HashMap<ReservationKey, Status>,
+    /// Anomalies already reported (path), so each is reported once.
+    anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
 }
 
@@ -135,6 +137,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         releaser,
         watching_since,
         verdicts: HashMap::new(),
+        anomalies: std::collections::HashSet::new(),
         state,
         config,
     };
@@ -149,6 +152,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut resync = tokio::time::interval(agent.config.resync_interval);
     resync.tick().await;
     let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+    // While some verdict waits for a grace to pass, look again sooner than
+    // the resync interval.
+    let recheck_every = (agent.policy.in_flight_grace.min(agent.policy.orphan_grace) / 4)
+        .clamp(Duration::from_secs(1), agent.config.resync_interval);
+    let mut recheck = tokio::time::interval(recheck_every);
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
@@ -168,6 +176,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
             _ = resync.tick() => {
                 agent.reconcile("interval").await?;
+            }
+            _ = recheck.tick(), if agent.waiting_for_grace() => {
+                agent.reconcile("grace").await?;
             }
             _ = housekeeping.tick() => {
                 agent.housekeeping(&mut kernel).await?;
@@ -317,6 +328,7 @@ impl Agent {
         let obs = self.observations().await?;
         let stores: Vec<&dyn ReservationStore> = self.stores.iter().map(|s| s as &dyn ReservationStore).collect();
         let scan = scan_all(&stores);
+        self.report_anomalies(&scan.anomalies)?;
         let now = SystemTime::now();
         let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         self.report_changes(&verdicts)?;
@@ -330,6 +342,25 @@ impl Agent {
             s.verdicts = serde_json::to_value(&verdicts).unwrap_or(Value::Null);
         }
         tracing::debug!(reason, reservations = verdicts.len(), took_ms = started.elapsed().as_millis() as u64, "reconciled");
+        Ok(())
+    }
+
+    /// Some reservation is pending: a grace may expire before the next resync.
+    fn waiting_for_grace(&self) -> bool {
+        self.verdicts.values().any(|s| *s == Status::Pending)
+    }
+
+    /// Entries that are not reservations: reported once each, never touched.
+    fn report_anomalies(&mut self, anomalies: &[crate::ipam::Anomaly]) -> anyhow::Result<()> {
+        let mut current = std::collections::HashSet::with_capacity(anomalies.len());
+        for a in anomalies {
+            if !self.anomalies.contains(&a.path) {
+                warn!(path = %a.path, kind = ?a.kind, "not a reservation, left untouched: {}", a.detail);
+                self.events.emit(SystemTime::now(), "anomaly", a)?;
+            }
+            current.insert(a.path.clone());
+        }
+        self.anomalies = current;
         Ok(())
     }
 

@@ -18,7 +18,12 @@ fn unescape(field: &str) -> PathBuf {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
             let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -44,9 +49,13 @@ pub fn parse(text: &str) -> Vec<NetnsMount> {
     for line in text.lines() {
         let mut fields = line.split(' ');
         // id, parent, major:minor, root, mount point
-        let (Some(_), Some(_), Some(_), Some(root), Some(mount_point)) =
-            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
-        else {
+        let (Some(_), Some(_), Some(_), Some(root), Some(mount_point)) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
             continue;
         };
         // Optional fields end at "-"; the filesystem type follows.
@@ -55,7 +64,10 @@ pub fn parse(text: &str) -> Vec<NetnsMount> {
             continue;
         }
         if let Some(inode) = parse_ns_link(root) {
-            out.push(NetnsMount { inode, path: unescape(mount_point) });
+            out.push(NetnsMount {
+                inode,
+                path: unescape(mount_point),
+            });
         }
     }
     out
@@ -81,16 +93,25 @@ garbage line
         assert_eq!(
             mounts,
             vec![
-                NetnsMount { inode: 4026532512, path: "/run/netns/cni-1234".into() },
-                NetnsMount { inode: 4026532513, path: "/run/netns/with space".into() },
-                NetnsMount { inode: 4026532512, path: "/var/lib/kubelet/netns-alias".into() },
+                NetnsMount {
+                    inode: 4_026_532_512,
+                    path: "/run/netns/cni-1234".into()
+                },
+                NetnsMount {
+                    inode: 4_026_532_513,
+                    path: "/run/netns/with space".into()
+                },
+                NetnsMount {
+                    inode: 4_026_532_512,
+                    path: "/var/lib/kubelet/netns-alias".into()
+                },
             ]
         );
     }
 
     #[test]
     fn ns_links_parse() {
-        assert_eq!(parse_ns_link("net:[4026531840]"), Some(4026531840));
+        assert_eq!(parse_ns_link("net:[4026531840]"), Some(4_026_531_840));
         assert_eq!(parse_ns_link("mnt:[4026531840]"), None);
         assert_eq!(parse_ns_link("net:[]"), None);
     }

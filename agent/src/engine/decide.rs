@@ -23,6 +23,10 @@ use crate::ipam::Reservation;
 /// may be and still be taken in the order they claim.
 pub const CLOCK_SLACK: Duration = Duration::from_secs(1);
 
+/// How far a file's mtime (the coarse clock, a jiffy behind at most) may
+/// precede the exec record of the run that wrote it.
+pub const WATCH_SLACK: Duration = Duration::from_millis(100);
+
 /// One verdict per reservation, in the same order.
 #[must_use]
 pub fn decide(obs: &Observations, reservations: &[Reservation], now: SystemTime, policy: &Policy) -> Vec<Verdict> {
@@ -211,12 +215,17 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
 }
 
 /// The youth grace stands in for CNI runs the agent may have missed. It is
-/// not needed when the probes watched without a gap since before the file
-/// was written and saw a run for this very container (the exec record of
-/// the ADD precedes the IPAM write): then in-flight is known, not guessed.
+/// not needed when the probes, watching without a gap, saw the run that made
+/// the file: a CNI run of this very container that started after watching
+/// began and before the file was written (its exec record precedes the IPAM
+/// write). Then whether that ADD is in flight is known, not guessed.
 fn cni_runs_watched(obs: &Observations, r: &Reservation) -> bool {
-    obs.watching_since.is_some_and(|since| r.created_at >= since + CLOCK_SLACK)
-        && obs.cni_ops.iter().any(|op| op.container_id.as_deref() == Some(r.container_id.as_str()))
+    let Some(since) = obs.watching_since else { return false };
+    obs.cni_ops.iter().any(|op| {
+        op.container_id.as_deref() == Some(r.container_id.as_str())
+            && op.started_at >= since
+            && op.started_at <= r.created_at + WATCH_SLACK
+    })
 }
 
 /// Why the owner counts as dead: the deaths seen, or the grace that passed.

@@ -168,7 +168,7 @@ fn young_reservation_whose_cni_runs_were_watched_needs_no_grace() {
         ..Default::default()
     };
     assert_eq!(one(&watched, &r).status, Status::Orphaned, "ADD seen and finished, netns dead");
-    // Watching began after the file was written: the run may have been missed.
+    // Watching began after the run started: the run may have been missed.
     let late = Observations { watching_since: Some(now() - Duration::from_secs(1)), ..watched.clone() };
     assert_eq!(one(&late, &r).status, Status::Pending);
     // No run of this container was seen: the grace still applies.
@@ -506,8 +506,13 @@ proptest! {
         if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.contains(&r.container_id)) {
             prop_assert_eq!(v.status, Status::InUse);
         }
-        let watched = obs.watching_since.is_some_and(|since| r.created_at >= since + super::decide::CLOCK_SLACK)
-            && obs.cni_ops.iter().any(|op| op.container_id.as_deref() == Some(r.container_id.as_str()));
+        let watched = obs.watching_since.is_some_and(|since| {
+            obs.cni_ops.iter().any(|op| {
+                op.container_id.as_deref() == Some(r.container_id.as_str())
+                    && op.started_at >= since
+                    && op.started_at <= r.created_at + super::decide::WATCH_SLACK
+            })
+        });
         if !watched && now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace) {
             prop_assert_ne!(v.status, Status::Orphaned, "young and not watched: {}", v.summary);
         }

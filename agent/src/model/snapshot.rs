@@ -15,6 +15,7 @@ pub(crate) fn time<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Erro
     s.serialize_str(&rfc3339(*t))
 }
 
+#[expect(clippy::ref_option, reason = "serde's serialize_with passes &Option")]
 pub(crate) fn opt_time<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
     match t {
         Some(t) => s.serialize_str(&rfc3339(*t)),
@@ -26,7 +27,7 @@ pub(crate) fn opt_time<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S:
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeathSource {
-    /// The kernel removed its nsid while destroying it (RTM_DELNSID).
+    /// The kernel removed its nsid while destroying it (`RTM_DELNSID`).
     RtmDelnsid,
     /// fentry `__put_net`: its last reference dropped.
     PutNet,
@@ -158,7 +159,11 @@ impl NetnsView {
 
     #[must_use]
     pub fn netns_ref(&self) -> NetnsRef {
-        NetnsRef { inode: self.inode, nsid: self.nsid, host: self.host }
+        NetnsRef {
+            inode: self.inode,
+            nsid: self.nsid,
+            host: self.host,
+        }
     }
 }
 
@@ -240,7 +245,8 @@ impl ModelSnapshot {
 
     /// Every live netns that holds `ip`.
     pub fn holders_of(&self, ip: IpAddr) -> impl Iterator<Item = &NetnsView> {
-        self.alive().filter(move |n| n.addresses.iter().any(|a| a.ip == ip))
+        self.alive()
+            .filter(move |n| n.addresses.iter().any(|a| a.ip == ip))
     }
 }
 

@@ -29,8 +29,8 @@ use crate::{
     netlink::{
         RECV_BUFFER, RtnlSocket, SocketError, SocketOptions,
         wire::consts::{
-            RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE, RTNLGRP_LINK,
-            RTNLGRP_NSID,
+            RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE,
+            RTNLGRP_LINK, RTNLGRP_NSID,
         },
     },
 };
@@ -71,10 +71,10 @@ impl Default for WatcherConfig {
         Self {
             model: ModelConfig::default(),
             discovery: DiscoveryPaths::default(),
-            resync_interval: Duration::from_secs(60),
+            resync_interval: Duration::from_mins(1),
             death_queue: 4096,
             receive_buffer: 8 << 20,
-            start_timeout: Duration::from_secs(60),
+            start_timeout: Duration::from_mins(1),
         }
     }
 }
@@ -109,7 +109,9 @@ impl Watcher {
     /// discovery thread and the model task on the current runtime, and
     /// returns once the first full sync is done: every netns that exists
     /// now is in the model. The receiver gets one [`NetnsDeath`] per death.
-    pub async fn start(config: WatcherConfig) -> Result<(Self, mpsc::Receiver<NetnsDeath>), WatcherError> {
+    pub async fn start(
+        config: WatcherConfig,
+    ) -> Result<(Self, mpsc::Receiver<NetnsDeath>), WatcherError> {
         let own = Path::new("/proc/thread-self/ns/net");
         let host_inode = discovery::inode_of(own)? as u32;
         let socket = RtnlSocket::open(&SocketOptions {
@@ -127,14 +129,19 @@ impl Watcher {
         })?;
         // SAFETY: the AsyncFd owns the socket, whose fd is fixed for its
         // whole life.
-        let socket =
-            unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
-                .map_err(|e| WatcherError::Poll(e.into()))?;
-        let (jobs, reports) = worker::spawn(config.discovery.clone()).map_err(WatcherError::Thread)?;
+        let socket = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
+            .map_err(|e| WatcherError::Poll(e.into()))?;
+        let (jobs, reports) =
+            worker::spawn(config.discovery.clone()).map_err(WatcherError::Thread)?;
         let mounts = File::open(&config.discovery.mountinfo)
             // SAFETY: as above; mountinfo signals changes with POLLPRI.
-            .and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }.map_err(Into::into))
-            .map_err(|e| warn!("mount changes not watched ({e}); new bind mounts wait for the next resync"))
+            .and_then(|f| {
+                unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }
+                    .map_err(Into::into)
+            })
+            .map_err(|e| {
+                warn!("mount changes not watched ({e}); new bind mounts wait for the next resync");
+            })
             .ok();
 
         let mut model = Model::new(config.model.clone(), host_inode, SystemTime::now());
@@ -142,7 +149,11 @@ impl Watcher {
         model.query_host_nsid(own_fd.as_raw_fd(), SystemTime::now());
         model.start_resync(false);
         let (deaths_tx, deaths_rx) = mpsc::channel(config.death_queue.max(1));
-        let mut io = Io { socket, jobs, deaths: deaths_tx };
+        let mut io = Io {
+            socket,
+            jobs,
+            deaths: deaths_tx,
+        };
         io.flush(&mut model)?;
         drop(own_fd);
 
@@ -159,7 +170,12 @@ impl Watcher {
             resync_interval: config.resync_interval,
         };
         let task = tokio::spawn(driver.run());
-        let watcher = Self { handle: ModelHandle { commands: commands_tx }, task };
+        let watcher = Self {
+            handle: ModelHandle {
+                commands: commands_tx,
+            },
+            task,
+        };
         match tokio::time::timeout(config.start_timeout, ready_rx).await {
             Ok(Ok(())) => Ok((watcher, deaths_rx)),
             Ok(Err(_)) => Err(watcher.stop().await.err().unwrap_or(WatcherError::Stopped)),
@@ -206,20 +222,29 @@ impl ModelHandle {
     /// The model now.
     pub async fn snapshot(&self) -> Result<ModelSnapshot, WatcherError> {
         let (tx, rx) = oneshot::channel();
-        self.commands.send(Command::Snapshot(tx)).await.map_err(|_| WatcherError::Stopped)?;
+        self.commands
+            .send(Command::Snapshot(tx))
+            .await
+            .map_err(|_| WatcherError::Stopped)?;
         rx.await.map_err(|_| WatcherError::Stopped)
     }
 
     /// Feeds decoded probe events (creators, netns to discover, `__put_net`
     /// deaths). Waits when the model is behind.
     pub async fn kernel_events(&self, events: Vec<KernelEvent>) -> Result<(), WatcherError> {
-        self.commands.send(Command::Kernel(events)).await.map_err(|_| WatcherError::Stopped)
+        self.commands
+            .send(Command::Kernel(events))
+            .await
+            .map_err(|_| WatcherError::Stopped)
     }
 
     /// Runs a full resync now and returns when it has completed.
     pub async fn resync(&self) -> Result<(), WatcherError> {
         let (tx, rx) = oneshot::channel();
-        self.commands.send(Command::Resync(tx)).await.map_err(|_| WatcherError::Stopped)?;
+        self.commands
+            .send(Command::Resync(tx))
+            .await
+            .map_err(|_| WatcherError::Stopped)?;
         rx.await.map_err(|_| WatcherError::Stopped)
     }
 }
@@ -249,17 +274,16 @@ impl Io {
                     }
                     Action::Job(job) => match self.jobs.try_send(job) {
                         Ok(()) => {}
-                        Err(TrySendError::Full(job)) => model.job_rejected(job),
+                        Err(TrySendError::Full(job)) => model.job_rejected(&job),
                         Err(TrySendError::Disconnected(_)) => return Err(WatcherError::Stopped),
                     },
                     Action::Death(death) => match self.deaths.try_send(death) {
-                        Ok(()) => {}
+                        // Closed: nobody listens (e.g. a one-shot `netreap netns`).
+                        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
                         Err(mpsc::error::TrySendError::Full(d)) => {
                             warn!(inode = ?d.inode, "death notice dropped: consumer is behind");
                             model.count_dropped_death();
                         }
-                        // Nobody listens (e.g. a one-shot `netreap netns`).
-                        Err(mpsc::error::TrySendError::Closed(_)) => {}
                     },
                 }
             }
@@ -364,14 +388,19 @@ impl Driver {
     fn report(&mut self, report: Report) -> Result<(), WatcherError> {
         match report {
             Report::Opened { inode, fd } => {
-                self.model.netns_opened(inode, fd.as_raw_fd(), SystemTime::now());
+                self.model
+                    .netns_opened(inode, fd.as_raw_fd(), SystemTime::now());
                 // The kernel resolved the fd while handling the send: close
                 // it now, no reference to the netns outlives this.
                 self.io.flush(&mut self.model)?;
                 drop(fd);
             }
             Report::ResolveFailed { inode } => self.model.resolve_failed(inode),
-            Report::ScanDone { generation, scope, found } => self.model.scan_done(generation, scope, found),
+            Report::ScanDone {
+                generation,
+                scope,
+                found,
+            } => self.model.scan_done(generation, scope, found),
             Report::ScanFailed { generation, error } => self.model.scan_failed(generation, &error),
         }
         Ok(())

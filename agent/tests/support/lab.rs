@@ -172,6 +172,11 @@ impl Pod {
         Attachment { container_id: &self.container_id, netns: &self.path, ifname: "eth0" }
     }
 
+    /// The netns was removed by other means.
+    pub fn mark_deleted(&mut self) {
+        self.deleted = true;
+    }
+
     /// Destroys the netns (no CNI DEL): what a runtime does after a failed teardown.
     pub fn delete_netns(&mut self) {
         assert!(ip(&["netns", "del", &self.name]), "delete netns {}", self.name);

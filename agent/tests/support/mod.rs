@@ -1,6 +1,7 @@
 //! Helpers shared by the kernel-facing integration tests.
 #![allow(dead_code, reason = "each test binary uses a subset")]
 
+pub mod agent;
 pub mod lab;
 
 use std::time::{Duration, Instant};

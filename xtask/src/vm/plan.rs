@@ -64,6 +64,22 @@ const KERNEL_FACING: &[KernelFacing] = &[
     },
     KernelFacing {
         kind: "test",
+        name: "model",
+        filters: &[],
+        must_pass: &[],
+        needs: &["/usr/sbin/ip", "/usr/bin/unshare"],
+        needs_why: "iproute2 / util-linux missing on the host, nothing to copy into the guest",
+    },
+    KernelFacing {
+        kind: "test",
+        name: "release",
+        filters: &[],
+        must_pass: &[],
+        needs: &["/usr/lib/cni/host-local", "/usr/sbin/ip", "/usr/bin/flock"],
+        needs_why: "containernetworking-plugins, iproute2 or util-linux missing on the host",
+    },
+    KernelFacing {
+        kind: "test",
         name: "reclaim",
         filters: &[],
         must_pass: &[],
@@ -254,6 +270,8 @@ mod tests {
                 t("lib", "netreap"),
                 t("bin", "netreap"),
                 t("test", "probes"),
+                t("test", "model"),
+                t("test", "release"),
                 t("test", "reclaim"),
                 t("test", "telemetry"),
             ],
@@ -269,7 +287,7 @@ mod tests {
         assert!(args.contains(&"kernel::".to_owned()));
         assert!(must_pass.contains(&"kernel::btf::tests::this_kernels_offsets_resolve".to_owned()));
         assert!(matches!(&plan.steps[4], Step::Skip { label, .. } if label == "netreap bin tests"));
-        assert!(matches!(&plan.steps[7], Step::Skip { label, .. } if label == "tests/telemetry.rs"));
+        assert!(matches!(plan.steps.last(), Some(Step::Skip { label, .. }) if label == "tests/telemetry.rs"));
     }
 
     #[test]

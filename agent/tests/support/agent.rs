@@ -1,0 +1,152 @@
+//! The real agent binary, run against a lab's directories.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use super::lab::Lab;
+
+pub struct Agent {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub events: PathBuf,
+    pub stderr: PathBuf,
+}
+
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    l.local_addr().expect("local addr")
+}
+
+/// Polls `cond` until it holds (returns how long it took) or `timeout`.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+impl Agent {
+    /// Starts `netreap run` on the lab's dirs with `extra` flags and waits
+    /// until it is ready (first full reconcile done).
+    pub fn start(lab: &Lab, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        let addr = free_port();
+        let events = lab.dir.path().join("events.jsonl");
+        let stderr = lab.dir.path().join(format!("agent-{}.log", addr.port()));
+        let log = std::fs::File::create(&stderr).expect("agent log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_netreap"));
+        cmd.arg("run")
+            .arg("--host-local-dir")
+            .arg(&lab.data_dir)
+            .arg("--cni-cache-dir")
+            .arg(lab.cache_dir.join("results"))
+            .arg("--state-dir")
+            .arg(&lab.state_dir)
+            .arg("--events")
+            .arg(&events)
+            .arg("--metrics-addr")
+            .arg(addr.to_string())
+            .args(extra)
+            .env("NETREAP_LOG", "info,netreap=debug")
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("agent starts");
+        let mut agent = Self { child: Some(child), addr, events, stderr };
+        let ready = wait_until(Duration::from_secs(30), || {
+            agent.exited().is_none() && http_get(addr, "/readyz").is_some_and(|(c, _)| c == 200)
+        });
+        assert!(ready.is_some(), "agent not ready in 30 s; log:\n{}", agent.log());
+        agent
+    }
+
+    /// Exit status if the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let mut status = None;
+        wait_until(timeout, || {
+            status = self.exited();
+            status.is_some()
+        });
+        status
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Every event line so far.
+    pub fn events(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.events)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    pub fn events_named(&self, name: &str) -> Vec<Value> {
+        self.events().into_iter().filter(|e| e["event"] == name).collect()
+    }
+
+    pub fn state(&self) -> Value {
+        http_get(self.addr, "/state").and_then(|(_, b)| serde_json::from_str(&b).ok()).unwrap_or(Value::Null)
+    }
+
+    pub fn metrics(&self) -> String {
+        http_get(self.addr, "/metrics").map(|(_, b)| b).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = self.wait_exit(Duration::from_secs(15));
+        if status.is_none() {
+            let _ = self.child.as_mut().map(Child::kill);
+        }
+        self.child = None;
+        status
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            if wait_until(Duration::from_secs(10), || c.try_wait().ok().flatten().is_some()).is_none() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
