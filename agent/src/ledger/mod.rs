@@ -12,8 +12,12 @@ use serde::Serialize;
 
 use crate::kernel::events::{CniExit, KernelEvent};
 
-/// Operations kept per container (the oldest are dropped first).
+/// Operations kept per container. Past it, finished operations after the
+/// first few are dropped oldest first: the first ones (the ADD that made the
+/// reservation) and every one in flight are evidence the engine needs, while
+/// a script plugin's helper processes (they inherit CNI_* too) are not.
 const MAX_OPS_PER_CONTAINER: usize = 32;
+const KEEP_FIRST_OPS: usize = 8;
 /// Containers kept; the least recently seen go first.
 const MAX_CONTAINERS: usize = 65_536;
 
@@ -179,8 +183,10 @@ impl Ledger {
                     truncated,
                 });
                 if entry.operations.len() > MAX_OPS_PER_CONTAINER {
-                    let excess = entry.operations.len() - MAX_OPS_PER_CONTAINER;
-                    entry.operations.drain(..excess);
+                    let victim = entry.operations.iter().skip(KEEP_FIRST_OPS).position(|op| !op.in_flight());
+                    if let Some(i) = victim {
+                        entry.operations.remove(KEEP_FIRST_OPS + i);
+                    }
                 }
                 Some(entry)
             }
@@ -341,13 +347,19 @@ mod tests {
     }
 
     #[test]
-    fn operations_per_container_are_bounded() {
+    fn operations_per_container_are_bounded_keeping_the_first_and_the_in_flight() {
         let mut l = Ledger::new();
+        // A long-running ADD, then a script plugin's many helper processes.
+        l.observe(&exec(1, 0, "ADD", "c1"), wall, &FixedResolver(None));
         for i in 0..100u32 {
-            l.observe(&exec(1000 + i, u64::from(i) * 2, "CHECK", "c1"), wall, &FixedResolver(None));
-            l.observe(&exit(1000 + i, u64::from(i) * 2 + 1, 0), wall, &FixedResolver(None));
+            l.observe(&exec(1000 + i, u64::from(i) * 2 + 1, "ADD", "c1"), wall, &FixedResolver(None));
+            l.observe(&exit(1000 + i, u64::from(i) * 2 + 2, 0), wall, &FixedResolver(None));
         }
-        assert_eq!(l.get("c1").unwrap().operations.len(), MAX_OPS_PER_CONTAINER);
-        assert_eq!(l.get("c1").unwrap().operations.last().unwrap().pid, 1099);
+        let ops = &l.get("c1").unwrap().operations;
+        assert_eq!(ops.len(), MAX_OPS_PER_CONTAINER);
+        assert_eq!(ops[0].pid, 1, "the first (in-flight) ADD is kept");
+        assert!(ops[0].in_flight());
+        assert_eq!(ops[1].pid, 1000, "the first few are kept");
+        assert_eq!(ops.last().unwrap().pid, 1099, "the newest is kept");
     }
 }

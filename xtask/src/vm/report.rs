@@ -49,6 +49,8 @@ pub struct StepOutcome {
     /// Tests (or checks) that passed and failed in this step.
     pub passed: u32,
     pub failed: u32,
+    /// Tests of this step left out here (reasons printed as notes).
+    pub skipped: u32,
     pub note: String,
 }
 
@@ -84,7 +86,8 @@ impl StepOutcome {
         let mut count = |key: &str| words.next()?.strip_prefix(key)?.parse().ok();
         let passed = count("passed=")?;
         let failed = count("failed=")?;
-        Some(Self { label, status, passed, failed, note })
+        let skipped = count("skipped=")?;
+        Some(Self { label, status, passed, failed, skipped, note })
     }
 }
 
@@ -172,12 +175,12 @@ impl Report {
         self.result == Some(true) && !self.steps.is_empty() && self.steps.iter().all(|s| s.status != Status::Fail)
     }
 
-    /// (tests passed, tests failed, steps skipped).
+    /// (tests passed, tests failed, skipped: whole binaries plus single tests).
     #[must_use]
-    pub fn totals(&self) -> (u32, u32, usize) {
+    pub fn totals(&self) -> (u32, u32, u32) {
         let passed = self.steps.iter().map(|s| s.passed).sum();
         let failed = self.steps.iter().map(|s| s.failed).sum();
-        let skipped = self.steps.iter().filter(|s| s.status == Status::Skip).count();
+        let skipped = self.steps.iter().map(|s| s.skipped + u32::from(s.status == Status::Skip)).sum();
         (passed, failed, skipped)
     }
 
@@ -262,7 +265,7 @@ netreap_put_net          fentry __put_net                           active      
     #[test]
     fn marker_lines_round_trip_through_a_noisy_console() {
         let step =
-            StepOutcome { label: "probes | all".into(), status: Status::Pass, passed: 6, failed: 0, note: "ok".into() };
+            StepOutcome { label: "probes | all".into(), status: Status::Pass, passed: 6, failed: 0, skipped: 1, note: "ok".into() };
         let mut console = vec![format!("{KERNEL}6.1.0-56-cloud-amd64"), "[    1.2] random: crng init done".into()];
         console.extend(PROBES.lines().map(|l| format!("{PROBE}{l}")));
         console.push(format!("[ 3.4] veth: noise{}", step.line()));
@@ -275,7 +278,7 @@ netreap_put_net          fentry __put_net                           active      
         assert_eq!(r.steps[0].passed, 6);
         assert_eq!(r.steps[1].status, Status::Skip);
         assert!(r.passed());
-        assert_eq!(r.totals(), (6, 0, 1));
+        assert_eq!(r.totals(), (6, 0, 2));
         assert_eq!(r.probes_summary(), "2/3 active; not: fexit copy_net_ns");
     }
 
