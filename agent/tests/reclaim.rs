@@ -346,7 +346,13 @@ fn hostile_entries_are_reported_and_untouched() {
     let mut pod = lab.pod();
     lab.add(&net, &pod).expect("ADD");
     pod.delete_netns();
-    assert!(wait_until(RELEASE_BOUND, || lab.reservations("netg").len() == 1).is_some(), "{}", agent.log());
+    let leaked = pod.container_id.clone();
+    assert!(
+        wait_until(RELEASE_BOUND, || lab.reservations("netg").iter().all(|(_, c)| *c != leaked)).is_some(),
+        "{}",
+        agent.log()
+    );
+    assert!(lab.reservations("netg").iter().any(|(_, c)| *c == live.container_id), "the live pod is kept");
     assert!(agent.exited().is_none(), "no crash");
     assert_eq!(agent.stop().map(|s| s.success()), Some(true), "clean exit");
     assert_eq!(std::fs::read_to_string(&outside).unwrap(), "do not delete");

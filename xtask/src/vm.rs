@@ -211,15 +211,17 @@ fn matrix(ws: &Workspace, targets: &[Target], bound: Duration) -> Result<(), VmE
     if targets.iter().any(|t| matches!(t, Target::Vm(_))) {
         ensure_vm_packages()?;
     }
-    let plan = plan::Plan::build(&cargo::build(ws)?)?;
+    let built = cargo::build(ws)?;
+    let host_plan = plan::Plan::build(&built, plan::Where::Host)?;
+    let vm_plan = plan::Plan::build(&built, plan::Where::Vm)?;
     let xtask = std::env::current_exe().map_err(|source| VmError::Io { path: "/proc/self/exe".into(), source })?;
 
     let mut outcomes = Vec::new();
     for target in targets {
         eprintln!("xtask: vm-test: === {} ===", target.name());
         let outcome = match target {
-            Target::Host => on_host(&plan),
-            Target::Vm(series) => in_vm(&vm_dir, series, &plan, &xtask, bound)?,
+            Target::Host => on_host(&host_plan),
+            Target::Vm(series) => in_vm(&vm_dir, series, &vm_plan, &xtask, bound)?,
         };
         save_artifacts(&artifacts_dir, &outcome)?;
         outcomes.push(outcome);

@@ -57,7 +57,7 @@ pub fn run(plan: &Plan) -> Report {
                 outcome
             }
             Step::Events { netreap } => events(netreap, &probes),
-            Step::Test { label, binary, args, must_pass } => test_binary(label, binary, args, must_pass),
+            Step::Test { label, binary, args, must_pass, skips } => test_binary(label, binary, args, must_pass, skips),
             Step::Skip { label, reason } => StepOutcome::skip(label, reason),
         };
         println!("{}", outcome.line());
@@ -120,10 +120,22 @@ fn probes_report(netreap: &Path) -> (StepOutcome, Vec<String>) {
 }
 
 /// Runs a libtest binary; counts come from its `test result:` line.
-fn test_binary(label: &str, binary: &Path, args: &[String], must_pass: &[String]) -> StepOutcome {
+fn test_binary(
+    label: &str,
+    binary: &Path,
+    args: &[String],
+    must_pass: &[String],
+    skips: &[(String, String)],
+) -> StepOutcome {
+    let mut cmd = Command::new(binary);
+    cmd.args(args).env("RUST_BACKTRACE", "1");
+    for (name, why) in skips {
+        println!("{}{label}: skipping {name}: {why}", report::NOTE);
+        cmd.args(["--skip", name]);
+    }
     let mut ok_tests: Vec<String> = Vec::new();
     let mut totals: Option<(u32, u32)> = None;
-    let status = run_streaming(Command::new(binary).args(args).env("RUST_BACKTRACE", "1"), STEP_TIMEOUT, |line| {
+    let status = run_streaming(&mut cmd, STEP_TIMEOUT, |line| {
         println!("{line}");
         if let Some(name) = line.strip_prefix("test ").and_then(|l| l.strip_suffix(" ... ok")) {
             ok_tests.push(name.to_owned());
@@ -139,6 +151,7 @@ fn test_binary(label: &str, binary: &Path, args: &[String], must_pass: &[String]
         status: if ok { Status::Pass } else { Status::Fail },
         passed,
         failed: if ok { failed } else { failed.max(1) },
+        skipped: skips.len() as u32,
         note,
     };
     let status = match status {

@@ -352,7 +352,10 @@ mod tests {
     #[test]
     fn guests_leave_out_the_native_speed_tests_with_reasons() {
         let plan = Plan::build(&artifacts(), Where::Vm).expect("test data");
-        let reclaim = plan.steps.iter().find(|s| matches!(s, Step::Skip { label, .. } | Step::Test { label, .. } if label == "tests/reclaim.rs"));
+        let reclaim = plan
+            .steps
+            .iter()
+            .find(|s| matches!(s, Step::Skip { label, .. } | Step::Test { label, .. } if label == "tests/reclaim.rs"));
         assert!(matches!(reclaim, Some(Step::Skip { reason, .. }) if !reason.is_empty()));
         if let Some(Step::Test { skips, .. }) =
             plan.steps.iter().find(|s| matches!(s, Step::Test { label, .. } if label == "tests/model.rs"))

@@ -57,20 +57,35 @@ pub struct StepOutcome {
 impl StepOutcome {
     pub fn check(label: &str, ok: bool, note: impl Into<String>) -> Self {
         let status = if ok { Status::Pass } else { Status::Fail };
-        Self { label: label.to_owned(), status, passed: u32::from(ok), failed: u32::from(!ok), note: note.into() }
+        Self {
+            label: label.to_owned(),
+            status,
+            passed: u32::from(ok),
+            failed: u32::from(!ok),
+            skipped: 0,
+            note: note.into(),
+        }
     }
 
     pub fn skip(label: &str, reason: &str) -> Self {
-        Self { label: label.to_owned(), status: Status::Skip, passed: 0, failed: 0, note: reason.to_owned() }
+        Self {
+            label: label.to_owned(),
+            status: Status::Skip,
+            passed: 0,
+            failed: 0,
+            skipped: 0,
+            note: reason.to_owned(),
+        }
     }
 
     /// The marker line. `|` separates fields, so it is replaced inside them.
     pub fn line(&self) -> String {
         format!(
-            "{STEP}{} passed={} failed={} | {} | {}",
+            "{STEP}{} passed={} failed={} skipped={} | {} | {}",
             self.status.as_str(),
             self.passed,
             self.failed,
+            self.skipped,
             clean(&self.label),
             clean(&self.note)
         )
@@ -264,8 +279,14 @@ netreap_put_net          fentry __put_net                           active      
 
     #[test]
     fn marker_lines_round_trip_through_a_noisy_console() {
-        let step =
-            StepOutcome { label: "probes | all".into(), status: Status::Pass, passed: 6, failed: 0, skipped: 1, note: "ok".into() };
+        let step = StepOutcome {
+            label: "probes | all".into(),
+            status: Status::Pass,
+            passed: 6,
+            failed: 0,
+            skipped: 1,
+            note: "ok".into(),
+        };
         let mut console = vec![format!("{KERNEL}6.1.0-56-cloud-amd64"), "[    1.2] random: crng init done".into()];
         console.extend(PROBES.lines().map(|l| format!("{PROBE}{l}")));
         console.push(format!("[ 3.4] veth: noise{}", step.line()));
