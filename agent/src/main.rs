@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         logging::init("info");
     }
     let result = match cli.command {
-        Command::Run(args) => cli::run::main(args),
+        Command::Run(args) => cli::run::main(&args),
         Command::Probes(args) => cli::probes::main(&args),
         Command::Netns(args) => cli::netns::main(&args),
         Command::Config(args) => cli::config::main(&args),

@@ -1,5 +1,7 @@
 //! Real probes in this kernel: namespace creation and CNI plugin runs.
 
+#![allow(clippy::unwrap_used, reason = "tests panic with context")]
+
 mod support;
 
 use std::{
@@ -149,7 +151,7 @@ fn setns_reports_only_a_real_change() {
     runtime().block_on(async {
         let mut w = watch();
         // nsenter into the host's own netns: setns succeeds but nothing changes.
-        let same = Command::new("nsenter").args(["--net=/proc/1/ns/net", "true"]).spawn().expect("nsenter");
+        let mut same = Command::new("nsenter").args(["--net=/proc/1/ns/net", "true"]).spawn().expect("nsenter");
         let same_pid = same.id();
         let mut out = Command::new("ip").args(["netns", "exec", &ns, "sleep", "0.2"]).spawn().expect("ip netns exec");
         let pid = out.id();
@@ -158,6 +160,7 @@ fn setns_reports_only_a_real_change() {
         })
         .await;
         let _ = out.wait();
+        let _ = same.wait();
         let inode = std::fs::metadata(format!("/run/netns/{ns}")).expect("bind mount").ino();
         let KernelEvent::NetnsEntered { netns_inode, .. } = event else { unreachable!() };
         assert_eq!(u64::from(netns_inode), inode);

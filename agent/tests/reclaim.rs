@@ -4,6 +4,8 @@
 //! Each test has its own subnet: agents see every netns on the host, and an
 //! address shared across tests would be real evidence of a conflict.
 
+#![allow(clippy::unwrap_used, reason = "tests panic with context")]
+
 mod support;
 
 use std::time::Duration;

@@ -4,8 +4,8 @@
 
 /// Event kinds on the ring buffer. Ids are stable: never renumber.
 pub mod kind {
-    /// A task's netns changed to a new one: unshare(CLONE_NEWNET), clone with
-    /// CLONE_NEWNET (the child's netns) or setns into another netns.
+    /// A task's netns changed to a new one: `unshare(CLONE_NEWNET)`, clone
+    /// with `CLONE_NEWNET` (the child's netns) or `setns` into another netns.
     pub const NETNS_ENTERED: u32 = 1;
     /// copy_net_ns returned a new netns (fexit, where the kernel allows it).
     pub const NETNS_CREATED: u32 = 2;

@@ -13,7 +13,7 @@ pub struct RunArgs {
     pub config: ConfigFlags,
 }
 
-pub fn main(args: RunArgs) -> anyhow::Result<()> {
+pub fn main(args: &RunArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config).context("configuration")?;
     logging::init(&config.log);
     tokio::runtime::Builder::new_current_thread()

@@ -249,14 +249,13 @@ impl Agent {
             match record {
                 Ok(event) => {
                     let clock = self.clock;
-                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &StatResolver) {
-                        if let KernelEvent::CniExit { task, .. } = &event {
+                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &StatResolver)
+                        && let KernelEvent::CniExit { task, .. } = &event {
                             if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
                                 self.metrics.cni_operation(&op.command, op.result());
                             }
                             cni_finished = true;
                         }
-                    }
                     self.events.emit(self.clock.wall(event.task().ktime_ns), event.name(), &event)?;
                     decoded.push(event);
                 }
@@ -388,11 +387,10 @@ impl Agent {
         let latency = died_at.and_then(|d| now.duration_since(d).ok());
         let outcome = report::outcome_label(&record.outcome);
         self.metrics.release(reason, outcome);
-        if record.outcome.released() {
-            if let Some(latency) = latency {
+        if record.outcome.released()
+            && let Some(latency) = latency {
                 self.metrics.observe_death_to_release(latency);
             }
-        }
         let r = &record.verdict.reservation;
         info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
         self.events.emit(now, "release", &report::release(record, reason, latency))?;

@@ -46,7 +46,6 @@ impl Default for Policy {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
 mod tests {
     use super::*;
 

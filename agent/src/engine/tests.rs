@@ -1,5 +1,4 @@
 //! Unit tests for each verdict and property tests for the safety invariants.
-#![expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
 
 use std::{
     net::IpAddr,

@@ -234,7 +234,6 @@ impl CniCache {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
 mod tests {
     use std::fs;
 

@@ -268,7 +268,6 @@ impl ReservationStore for HostLocalStore {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
 mod tests {
     use std::{fs, os::unix::fs::symlink};
 

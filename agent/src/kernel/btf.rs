@@ -231,7 +231,7 @@ impl Btf {
             id = self.strip(ty);
             owner = self.types.get(id as usize).map(|t| self.name(t.name_off).to_owned()).unwrap_or_default();
         }
-        if bits % 8 != 0 {
+        if !bits.is_multiple_of(8) {
             return Err(BtfError::NotByteAligned { path: full });
         }
         let bytes = bits / 8;
@@ -339,10 +339,10 @@ mod tests {
         let off = resolve_offsets(&btf).expect("all offsets resolve");
         assert_eq!(off.valid, 1);
         // Sanity bounds: fields lie inside their structs and are aligned.
-        assert!(off.task_nsproxy > 0 && off.task_nsproxy % 8 == 0);
-        assert!(off.task_real_parent > 0 && off.task_real_parent % 8 == 0);
-        assert!(off.task_mm > 0 && off.task_mm % 8 == 0);
+        assert!(off.task_nsproxy > 0 && off.task_nsproxy.is_multiple_of(8));
+        assert!(off.task_real_parent > 0 && off.task_real_parent.is_multiple_of(8));
+        assert!(off.task_mm > 0 && off.task_mm.is_multiple_of(8));
         assert_eq!(off.mm_env_end, off.mm_env_start + 8, "env_end follows env_start");
-        assert!(off.net_ns_inum % 4 == 0);
+        assert!(off.net_ns_inum.is_multiple_of(4));
     }
 }

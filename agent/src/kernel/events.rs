@@ -244,7 +244,7 @@ mod tests {
 
     fn bytes_of<T>(v: &T) -> Vec<u8> {
         // SAFETY: test-only view of a repr(C) value as bytes.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+        unsafe { std::slice::from_raw_parts(std::ptr::from_ref(v).cast::<u8>(), size_of::<T>()) }.to_vec()
     }
 
     fn header(kind: u32, len: usize) -> EventHeader {

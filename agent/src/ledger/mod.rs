@@ -156,18 +156,16 @@ impl Ledger {
                     }
                     entry.netns_path = Some(path.clone());
                 }
-                if let Some(ifname) = &ifname {
-                    if !entry.ifnames.contains(ifname) {
+                if let Some(ifname) = &ifname
+                    && !entry.ifnames.contains(ifname) {
                         entry.ifnames.push(ifname.clone());
                     }
-                }
                 // A process exec'ing a second CNI binary (a plugin delegating
                 // to IPAM by exec, rare) finishes its first operation.
-                if let Some(previous) = self.running.insert(task.tgid, container_id.clone()) {
-                    if let Some(prev) = self.by_container.get_mut(&previous) {
+                if let Some(previous) = self.running.insert(task.tgid, container_id.clone())
+                    && let Some(prev) = self.by_container.get_mut(&previous) {
                         finish(prev, task.tgid, at, None, true);
                     }
-                }
                 let entry = self.by_container.get_mut(&container_id)?;
                 entry.operations.push(CniOperation {
                     command: exec.command.value.clone(),

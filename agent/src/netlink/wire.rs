@@ -705,7 +705,6 @@ pub mod fake {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
 mod tests {
     use super::{consts::IFF_UP, *};
 

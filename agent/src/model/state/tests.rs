@@ -1,5 +1,4 @@
 //! Unit tests of the model state machine, with fabricated kernel messages.
-#![expect(clippy::unwrap_used, reason = "a failing test panics with its context")]
 
 use std::time::{Duration, SystemTime};
 
