@@ -377,3 +377,45 @@ fn tree(dir: &std::path::Path) -> Vec<String> {
     out.sort();
     out
 }
+
+/// SIGTERM detaches the probes and flushes journal and events; a restart
+/// neither repeats a release nor loses one made necessary while it was down.
+#[test]
+fn sigterm_then_restart_neither_repeats_nor_loses_a_release() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let lab = Lab::new("10.247.9.0/29");
+    let net = lab.network("neth", "host-local", &[]);
+    let mut agent = Agent::start(&lab, &[], &[]);
+    let mut first = lab.pod();
+    lab.add(&net, &first).expect("ADD");
+    first.delete_netns();
+    assert!(wait_until(RELEASE_BOUND, || lab.reservations("neth").is_empty()).is_some(), "{}", agent.log());
+    assert_eq!(agent.stop().map(|s| s.success()), Some(true), "SIGTERM exits cleanly");
+    assert!(agent.log().contains("probes detached"), "{}", agent.log());
+    let text = std::fs::read_to_string(&agent.events).expect("events");
+    assert!(text.ends_with('\n'), "the stream ends on a whole line");
+    assert!(text.lines().all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()), "every line is JSON");
+    assert_eq!(agent_events_released(&lab), 1);
+    drop(agent);
+
+    // A leak made while no agent runs.
+    let mut second = lab.pod();
+    lab.add(&net, &second).expect("ADD");
+    second.delete_netns();
+    assert_eq!(lab.reservations("neth").len(), 1);
+
+    let agent = Agent::start(&lab, &["--orphan-grace", "1s", "--in-flight-grace", "1s"], &[]);
+    assert!(
+        wait_until(Duration::from_secs(10), || lab.reservations("neth").is_empty()).is_some(),
+        "the leak made while down is not lost; log:\n{}",
+        agent.log()
+    );
+    wait_until(Duration::from_secs(2), || agent_events_released(&lab) == 2);
+    drop(agent);
+    assert_eq!(agent_events_released(&lab), 2, "one release each, none repeated");
+    let journal = std::fs::read_to_string(lab.state_dir.join("journal.jsonl")).expect("journal");
+    assert_eq!(journal.lines().filter(|l| l.contains("\"released\"")).count(), 2, "{journal}");
+}
