@@ -133,6 +133,25 @@ fn failed_chain_leaks_of_containerd_12130_are_released() {
             agent.log()
         );
     }
+    // The ledger shows the failed operations.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_netreap"))
+        .args(["attachments", "--json", "--metrics-addr", &agent.addr.to_string()])
+        .output()
+        .expect("netreap attachments");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let ledger: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let failed_adds = ledger
+        .as_array()
+        .expect("a list")
+        .iter()
+        .flat_map(|a| a["operations"].as_array().cloned().unwrap_or_default())
+        .filter(|op| {
+            op["command"] == "ADD"
+                && op["plugin"].as_str().is_some_and(|p| p.ends_with("/failing"))
+                && op["exit"]["exit_code"] == 1
+        })
+        .count();
+    assert_eq!(failed_adds, 20, "every failed ADD of the watched rounds is in the ledger");
     // The whole /29 allocates again.
     let ok = lab.network("netb", "host-local", &[]);
     let pods: Vec<_> = (0..5).map(|_| lab.pod()).collect();
@@ -418,4 +437,59 @@ fn sigterm_then_restart_neither_repeats_nor_loses_a_release() {
     assert_eq!(agent_events_released(&lab), 2, "one release each, none repeated");
     let journal = std::fs::read_to_string(lab.state_dir.join("journal.jsonl")).expect("journal");
     assert_eq!(journal.lines().filter(|l| l.contains("\"released\"")).count(), 2, "{journal}");
+}
+
+fn netreap(lab: &Lab, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_netreap"))
+        .args(args)
+        .arg("--host-local-dir")
+        .arg(&lab.data_dir)
+        .arg("--cni-cache-dir")
+        .arg(lab.cache_dir.join("results"))
+        .arg("--state-dir")
+        .arg(&lab.state_dir)
+        .output()
+        .expect("netreap runs")
+}
+
+/// `netreap scan` explains each leak; `release --from-report` releases
+/// exactly what the reviewed report lists, re-verified.
+#[test]
+fn scan_explains_leaks_and_release_from_report_frees_them() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let lab = Lab::new("10.247.10.0/29");
+    let net = lab.network("neti", "host-local", &[]);
+    let live = lab.pod();
+    lab.add(&net, &live).expect("ADD");
+    let mut spared = lab.pod();
+    lab.add(&net, &spared).expect("ADD");
+    spared.delete_netns();
+    let mut leaked = lab.pod();
+    lab.add(&net, &leaked).expect("ADD");
+    leaked.delete_netns();
+    std::thread::sleep(Duration::from_millis(1200));
+    let graces = ["--orphan-grace", "1s", "--in-flight-grace", "1s"];
+    let text = netreap(&lab, &[&["scan"][..], &graces].concat());
+    assert!(text.status.success(), "{}", String::from_utf8_lossy(&text.stderr));
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert!(text.contains("2 orphaned") && text.contains("1 in use"), "{text}");
+    let json = netreap(&lab, &[&["scan", "--json"][..], &graces].concat());
+    let mut report: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON report");
+    let verdicts = report["verdicts"].as_array_mut().expect("verdicts");
+    let orphaned: Vec<_> = verdicts.iter().filter(|v| v["status"] == "orphaned").collect();
+    assert_eq!(orphaned.len(), 2);
+    assert!(orphaned.iter().all(|v| !v["evidence"].as_array().unwrap().is_empty()), "each one explained");
+    // The reviewer spares one entry by deleting it from the report.
+    verdicts.retain(|v| v["reservation"]["container_id"] != spared.container_id.as_str());
+    let path = lab.dir.path().join("reviewed.json");
+    std::fs::write(&path, serde_json::to_vec(&report).unwrap()).unwrap();
+    let out = netreap(&lab, &[&["release", "--from-report", path.to_str().unwrap()][..], &graces].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let left: Vec<String> = lab.reservations("neti").into_iter().map(|(_, c)| c).collect();
+    assert!(left.contains(&live.container_id), "live kept");
+    assert!(left.contains(&spared.container_id), "spared by the reviewer");
+    assert!(!left.contains(&leaked.container_id), "released: {}", String::from_utf8_lossy(&out.stdout));
 }
