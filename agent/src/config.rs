@@ -64,6 +64,9 @@ pub struct Config {
     pub resync_interval: Duration,
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info,netreap=debug`).
     pub log: String,
+    /// The mount table where netns bind mounts are discovered. In a
+    /// container with hostPID, the host's is `/proc/1/mountinfo`.
+    pub mountinfo: PathBuf,
 }
 
 impl Default for Config {
@@ -82,6 +85,7 @@ impl Default for Config {
             orphan_grace: Duration::from_mins(10),
             resync_interval: Duration::from_secs(30),
             log: "info".to_owned(),
+            mountinfo: PathBuf::from("/proc/self/mountinfo"),
         }
     }
 }
@@ -130,14 +134,15 @@ const KEYS: &[(&str, &str, &str)] = &[
     ),
     (
         "node_name",
-        "This node's Kubernetes name. Optional: when set, the node's pods from the\n\
-         API server add reasons to keep an IP (never to release one).",
+        "This node's Kubernetes name, reserved for the optional API evidence (the\n\
+         node's pods could only add reasons to keep an IP). Not used yet.",
         "NODE_NAME, --node-name",
     ),
     (
         "in_flight_grace",
-        "A reservation younger than this is in use whatever else is seen: the CNI\n\
-         ADD that made it may still be running. Durations: \"30s\", \"10m\", \"1h 30m\".",
+        "A reservation younger than this is pending: the CNI ADD that made it may\n\
+         still be running. Not needed (and not applied) when the probes saw that ADD\n\
+         and know whether it is in flight. Durations: \"30s\", \"10m\", \"1h 30m\".",
         "NETREAP_IN_FLIGHT_GRACE, --in-flight-grace",
     ),
     (
@@ -152,6 +157,12 @@ const KEYS: &[(&str, &str, &str)] = &[
         "NETREAP_RESYNC_INTERVAL, --resync-interval",
     ),
     ("log", "Log filter for stderr (tracing EnvFilter syntax, e.g. \"info,netreap=debug\").", "NETREAP_LOG, --log"),
+    (
+        "mountinfo",
+        "The mount table where netns bind mounts (/run/netns/...) are discovered. In a\n\
+         container with hostPID, use the host's: \"/proc/1/mountinfo\".",
+        "NETREAP_MOUNTINFO, --mountinfo",
+    ),
 ];
 
 /// Example shown (commented out) for keys whose default is "unset".
@@ -367,6 +378,9 @@ pub struct ConfigFlags {
     /// Log filter (e.g. `info,netreap=debug`).
     #[arg(long, env = "NETREAP_LOG", value_name = "FILTER")]
     pub log: Option<String>,
+    /// Mount table for netns discovery (the host's: `/proc/1/mountinfo`).
+    #[arg(long, env = "NETREAP_MOUNTINFO", value_name = "FILE")]
+    pub mountinfo: Option<PathBuf>,
 }
 
 impl ConfigFlags {
@@ -391,6 +405,7 @@ impl ConfigFlags {
         set(&mut config.orphan_grace, self.orphan_grace.as_ref());
         set(&mut config.resync_interval, self.resync_interval.as_ref());
         set(&mut config.log, self.log.as_ref());
+        set(&mut config.mountinfo, self.mountinfo.as_ref());
     }
 }
 

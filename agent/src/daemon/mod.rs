@@ -114,7 +114,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let watching_since = SystemTime::now();
     let mut kernel = KernelStream::new(&mut probes).context("reading the probes' ring buffer")?;
 
-    let watcher_config = WatcherConfig { resync_interval: config.resync_interval, ..WatcherConfig::default() };
+    let watcher_config = WatcherConfig {
+        resync_interval: config.resync_interval,
+        discovery: crate::discovery::DiscoveryPaths {
+            mountinfo: config.mountinfo.clone(),
+            ..crate::discovery::DiscoveryPaths::default()
+        },
+        ..WatcherConfig::default()
+    };
     let (watcher, mut deaths) = Watcher::start(watcher_config).await.context("starting the netns model")?;
 
     let releaser_config = ReleaserConfig {

@@ -32,7 +32,9 @@ pub fn policy(config: &Config) -> Policy {
 
 /// Syncs the model once and returns the observations (cache included).
 pub async fn observe(config: &Config) -> anyhow::Result<Observations> {
-    let (watcher, _deaths) = Watcher::start(WatcherConfig::default()).await?;
+    let discovery =
+        crate::discovery::DiscoveryPaths { mountinfo: config.mountinfo.clone(), ..crate::discovery::DiscoveryPaths::default() };
+    let (watcher, _deaths) = Watcher::start(WatcherConfig { discovery, ..WatcherConfig::default() }).await?;
     let snapshot = watcher.snapshot().await?;
     watcher.stop().await?;
     let cache = CniCache::new(config.cni_cache_dir.clone()).scan();
