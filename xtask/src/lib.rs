@@ -6,6 +6,7 @@
 
 pub mod ebpf;
 pub mod system;
+pub mod testrun;
 pub mod toolchain;
 pub mod vm;
 

@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-use std::process::Command;
 
 use xtask::{BuildError, Workspace, ebpf, system, toolchain};
 
@@ -55,5 +54,5 @@ fn test(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
     let info = toolchain::NightlyInfo::query()?;
     toolchain::ensure_rust_src(&info)?;
     toolchain::ensure_bpf_linker(ws, &info)?;
-    toolchain::run(Command::new("cargo").current_dir(&ws.root).args(["test"]).args(extra))
+    xtask::testrun::cargo_test(&ws.root, extra)
 }

@@ -1,0 +1,76 @@
+//! Runs `cargo test`, passing its output through, and closes with one plain
+//! summary line over every test binary: `N passed, N failed, N skipped`.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+};
+
+use crate::BuildError;
+
+/// Totals over every `test result:` line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Totals {
+    pub passed: u64,
+    pub failed: u64,
+    pub ignored: u64,
+}
+
+impl Totals {
+    /// Adds one libtest closing line, e.g.
+    /// `test result: ok. 8 passed; 0 failed; 1 ignored; 0 measured; ...`.
+    pub fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        for part in rest.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(what), Some(n)) = (words.next(), words.next()) else { continue };
+            let Ok(n) = n.parse::<u64>() else { continue };
+            match what {
+                "passed" => self.passed += n,
+                "failed" => self.failed += n,
+                "ignored" => self.ignored += n,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `cargo test <extra>` in `root`; prints the summary line last.
+pub fn cargo_test(root: &Path, extra: &[String]) -> Result<(), BuildError> {
+    let mut child = Command::new("cargo")
+        .current_dir(root)
+        .arg("test")
+        .args(extra)
+        .stdout(Stdio::piped())
+        .spawn()
+        .map_err(|source| BuildError::Spawn { program: "cargo".into(), source })?;
+    let mut totals = Totals::default();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            println!("{line}");
+            totals.add_line(&line);
+        }
+    }
+    let status = child.wait().map_err(|source| BuildError::Spawn { program: "cargo".into(), source })?;
+    println!("\n{} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
+    if status.success() {
+        Ok(())
+    } else {
+        Err(BuildError::Failed { command: format!("cargo test {}", extra.join(" ")), status: status.to_string() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_libtest_closing_lines() {
+        let mut t = Totals::default();
+        t.add_line("test result: ok. 8 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.74s");
+        t.add_line("test result: FAILED. 2 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out");
+        t.add_line("running 3 tests");
+        assert_eq!(t, Totals { passed: 10, failed: 3, ignored: 1 });
+    }
+}
