@@ -277,8 +277,8 @@ fn in_vm(vm_dir: &Path, series: &str, plan: &plan::Plan, xtask: &Path, bound: Du
             eprintln!("  {line}");
         }
     }
-    fs::write(vm_dir.join("artifacts").join(format!("{series}.console.log")), boot.console.join("\n") + "\n")
-        .map_err(io_err(vm_dir))?;
+    let log = vm_dir.join("artifacts").join(format!("{series}.console.log"));
+    fs::write(&log, boot.console.join("\n") + "\n").map_err(io_err(&log))?;
     Ok(Outcome { target: Target::Vm(series.to_owned()), report, elapsed: boot.elapsed, problem })
 }
 

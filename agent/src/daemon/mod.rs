@@ -80,6 +80,8 @@ struct Agent {
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     verdicts: HashMap<ReservationKey, Status>,
+    /// The ledger changed since /state last showed it.
+    attachments_dirty: bool,
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
@@ -145,6 +147,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         watching_since,
         verdicts: HashMap::new(),
         anomalies: std::collections::HashSet::new(),
+        attachments_dirty: false,
         state,
         config,
     };
@@ -274,9 +277,8 @@ impl Agent {
         }
         if !decoded.is_empty() {
             self.model.kernel_events(decoded).await?;
-            if let Ok(mut s) = self.state.lock() {
-                s.attachments = serde_json::to_value(self.ledger.snapshot()).unwrap_or(Value::Null);
-            }
+            // Rendered for /state at most once a second (housekeeping).
+            self.attachments_dirty = true;
         }
         Ok(cni_finished)
     }
@@ -308,6 +310,11 @@ impl Agent {
     }
 
     async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        if std::mem::take(&mut self.attachments_dirty) {
+            if let Ok(mut s) = self.state.lock() {
+                s.attachments = serde_json::to_value(self.ledger.snapshot()).unwrap_or(Value::Null);
+            }
+        }
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth

@@ -31,12 +31,6 @@ const MODULES: &[&str] = &["veth", "bridge"];
 /// Host tools the tests run, copied to the same path with their libraries.
 const TOOLS: &[&str] = &["/usr/sbin/ip", "/usr/bin/unshare", "/usr/bin/nsenter", "/usr/bin/flock"];
 
-/// What the lab's test plugins import (`agent/tests/support/lab.rs` runs
-/// `python3 -c 'import json,sys; ...'`): Debian's python3 and exactly the
-/// standard-library files those imports load are copied in.
-const PYTHON: &str = "/usr/bin/python3";
-const PYTHON_IMPORTS: &str = "json, sys";
-
 /// Enough of /etc for tests that read it (`/etc/passwd` as a victim file)
 /// and for name lookups of localhost.
 const ETC: &[(&str, &str)] = &[
@@ -147,7 +141,6 @@ pub fn build(vm_dir: &Path, kernel: &Kernel, plan: &Plan, xtask: &Path) -> Resul
             add_executable(&mut tree, &mut libs, Path::new(tool), tool, None)?;
         }
     }
-    add_python(&mut tree, &mut libs)?;
     for (path, text) in ETC {
         tree.put(path, Node::Bytes(text.as_bytes().to_vec(), 0o644));
     }
@@ -179,36 +172,6 @@ pub fn build(vm_dir: &Path, kernel: &Kernel, plan: &Plan, xtask: &Path) -> Resul
     let out = vm_dir.join(format!("initramfs-{}.cpio", kernel.series));
     tree.write(&out)?;
     Ok(out)
-}
-
-/// python3 at its host path with the module files [`PYTHON_IMPORTS`] loads,
-/// as the host's own interpreter reports them. Without a host python3 the
-/// tests that need it fail in the guest as they would on the host.
-fn add_python(tree: &mut Tree, libs: &mut BTreeSet<String>) -> Result<(), VmError> {
-    let Ok(real) = fs::canonicalize(PYTHON) else {
-        eprintln!("xtask: vm-test: no {PYTHON} on the host; the guest has none");
-        return Ok(());
-    };
-    let list = format!(
-        "import {PYTHON_IMPORTS}; print('\\n'.join(m.__file__ for m in list(sys.modules.values()) if getattr(m, '__file__', None)))"
-    );
-    let out = Command::new(&real).args(["-c", &list]).output().map_err(|source| VmError::spawn(PYTHON, source))?;
-    if !out.status.success() {
-        return Err(VmError::Failed {
-            command: format!("{} -c {list:?}", real.display()),
-            detail: String::from_utf8_lossy(&out.stderr).into_owned(),
-        });
-    }
-    add_executable(tree, libs, &real, PYTHON, None)?;
-    for file in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with('/')) {
-        // Shared-object modules (lib-dynload) may load libraries of their own.
-        if Path::new(file).extension().is_some_and(|e| e == "so") {
-            add_executable(tree, libs, Path::new(file), file, None)?;
-        } else {
-            tree.put(file, Node::Copy(PathBuf::from(file)));
-        }
-    }
-    Ok(())
 }
 
 /// Where a plan binary lives in the guest.

@@ -62,7 +62,7 @@ pub fn boot(kernel: &Kernel, initrd: &Path, tag: &str, bound: Duration) -> Resul
             let mut buf = Vec::new();
             // Bytes, not UTF-8 lines: the console may carry anything.
             while reader.read_until(b'\n', &mut buf).is_ok_and(|n| n > 0) {
-                let line = String::from_utf8_lossy(&buf).trim_end_matches(['\r', '\n']).to_owned();
+                let line = printable(&String::from_utf8_lossy(&buf));
                 buf.clear();
                 if tx.send(line).is_err() {
                     break;
@@ -96,4 +96,39 @@ pub fn boot(kernel: &Kernel, initrd: &Path, tag: &str, bound: Duration) -> Resul
     let status = child.wait().map_err(|source| VmError::spawn(QEMU, source))?;
     let end = end.unwrap_or_else(|| End::Exited(status.to_string()));
     Ok(Boot { console, end, elapsed: start.elapsed() })
+}
+
+/// The line without terminal control: the BIOS clears the screen and the
+/// agent's logs are coloured, which would litter CI logs and artifacts.
+fn printable(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            // CSI: ESC [ params... final byte in '@'..='~'.
+            '\u{1b}' if chars.peek() == Some(&'[') => {
+                chars.next();
+                while chars.next().is_some_and(|p| !('@'..='~').contains(&p)) {}
+            }
+            // Any other escape: drop ESC and the one character after it.
+            '\u{1b}' => {
+                chars.next();
+            }
+            '\t' => out.push(c),
+            c if c.is_control() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn terminal_control_is_removed() {
+        assert_eq!(printable("\u{1b}c\u{1b}[?7l\u{1b}[2JNETREAP-VM-KERNEL: 6.1\r\n"), "NETREAP-VM-KERNEL: 6.1");
+        assert_eq!(printable("\u{1b}[2m2026\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m x\ty"), "2026  INFO x\ty");
+    }
 }
