@@ -442,12 +442,7 @@ fn sigterm_then_restart_neither_repeats_nor_loses_a_release() {
 fn netreap(lab: &Lab, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_netreap"))
         .args(args)
-        .arg("--host-local-dir")
-        .arg(&lab.data_dir)
-        .arg("--cni-cache-dir")
-        .arg(lab.cache_dir.join("results"))
-        .arg("--state-dir")
-        .arg(&lab.state_dir)
+        .args(lab.netreap_dir_args())
         .output()
         .expect("netreap runs")
 }

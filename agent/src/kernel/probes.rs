@@ -149,6 +149,16 @@ fn explain(e: &ProgramError, attach: Attach) -> String {
     }
 }
 
+/// fentry/fexit need the kernel's BTF as aya parsed it.
+fn trampoline_btf(btf: Option<&AyaBtf>) -> Result<&AyaBtf, ProgramError> {
+    btf.ok_or_else(|| {
+        ProgramError::Btf(aya::BtfError::FileError {
+            path: btf::VMLINUX_BTF.into(),
+            error: io::Error::from(io::ErrorKind::NotFound),
+        })
+    })
+}
+
 /// Loaded programs, with their maps still in the object.
 pub struct Probes {
     ebpf: Ebpf,
@@ -191,26 +201,16 @@ impl Probes {
                     p.load()?;
                     p.attach(category, name).map(drop)
                 }),
-                Attach::FEntry { function } => match aya_btf.as_ref() {
-                    Some(b) => <&mut FEntry>::try_from(prog).and_then(|p| {
-                        p.load(function, b)?;
-                        p.attach().map(drop)
-                    }),
-                    None => Err(ProgramError::Btf(aya::BtfError::FileError {
-                        path: btf::VMLINUX_BTF.into(),
-                        error: io::Error::from(io::ErrorKind::NotFound),
-                    })),
-                },
-                Attach::FExit { function } => match aya_btf.as_ref() {
-                    Some(b) => <&mut FExit>::try_from(prog).and_then(|p| {
-                        p.load(function, b)?;
-                        p.attach().map(drop)
-                    }),
-                    None => Err(ProgramError::Btf(aya::BtfError::FileError {
-                        path: btf::VMLINUX_BTF.into(),
-                        error: io::Error::from(io::ErrorKind::NotFound),
-                    })),
-                },
+                Attach::FEntry { function } => trampoline_btf(aya_btf.as_ref()).and_then(|b| {
+                    let p = <&mut FEntry>::try_from(prog)?;
+                    p.load(function, b)?;
+                    p.attach().map(drop)
+                }),
+                Attach::FExit { function } => trampoline_btf(aya_btf.as_ref()).and_then(|b| {
+                    let p = <&mut FExit>::try_from(prog)?;
+                    p.load(function, b)?;
+                    p.attach().map(drop)
+                }),
             };
             let state = match result {
                 Ok(()) => ProbeState::Active,

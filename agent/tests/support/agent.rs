@@ -59,12 +59,7 @@ impl Agent {
         let log = std::fs::File::create(&stderr).expect("agent log");
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_netreap"));
         cmd.arg("run")
-            .arg("--host-local-dir")
-            .arg(&lab.data_dir)
-            .arg("--cni-cache-dir")
-            .arg(lab.cache_dir.join("results"))
-            .arg("--state-dir")
-            .arg(&lab.state_dir)
+            .args(lab.netreap_dir_args())
             .arg("--events")
             .arg(&events)
             .arg("--metrics-addr")

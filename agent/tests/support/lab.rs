@@ -138,6 +138,18 @@ impl Lab {
         out
     }
 
+    /// The flags that point netreap at this lab's directories.
+    pub fn netreap_dir_args(&self) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = Vec::new();
+        args.push("--host-local-dir".into());
+        args.push(self.data_dir.clone().into());
+        args.push("--cni-cache-dir".into());
+        args.push(self.cache_dir.join("results").into());
+        args.push("--state-dir".into());
+        args.push(self.state_dir.clone().into());
+        args
+    }
+
     pub fn pod(&self) -> Pod {
         let name = unique("nrpod");
         assert!(ip(&["netns", "add", &name]), "create netns {name}");
