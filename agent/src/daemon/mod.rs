@@ -44,12 +44,19 @@ use crate::{
 pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
 /// The state endpoint's document, updated as the agent works.
-#[derive(Default)]
 struct StateDoc {
     probes: Value,
     model: Value,
     attachments: Value,
     verdicts: Value,
+}
+
+impl Default for StateDoc {
+    fn default() -> Self {
+        // Lists start empty, not null: a consumer can iterate at once.
+        let empty = Value::Array(Vec::new());
+        Self { probes: empty.clone(), model: Value::Null, attachments: empty.clone(), verdicts: empty }
+    }
 }
 
 impl StateDoc {
@@ -309,12 +316,17 @@ impl Agent {
         Ok(())
     }
 
-    async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
-        if std::mem::take(&mut self.attachments_dirty) {
-            if let Ok(mut s) = self.state.lock() {
-                s.attachments = serde_json::to_value(self.ledger.snapshot()).unwrap_or(Value::Null);
-            }
+    /// Renders the ledger for /state when it changed.
+    fn publish_attachments(&mut self) {
+        if std::mem::take(&mut self.attachments_dirty)
+            && let Ok(mut s) = self.state.lock()
+        {
+            s.attachments = serde_json::to_value(self.ledger.snapshot()).unwrap_or(Value::Null);
         }
+    }
+
+    async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        self.publish_attachments();
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth
@@ -354,6 +366,7 @@ impl Agent {
         if let Ok(mut s) = self.state.lock() {
             s.verdicts = serde_json::to_value(&verdicts).unwrap_or(Value::Null);
         }
+        self.publish_attachments();
         tracing::debug!(reason, reservations = verdicts.len(), took_ms = started.elapsed().as_millis() as u64, "reconciled");
         Ok(())
     }
