@@ -40,6 +40,9 @@ enum Command {
     /// The running agent's attachment ledger: container, netns and every CNI
     /// operation seen (failed ones included).
     Attachments(cli::attachments::AttachmentsArgs),
+    /// A self-contained demo on real namespaces and Debian's CNI plugins: leaks
+    /// made like containerd #12130, released by the real agent as the netns die.
+    Demo(cli::demo::DemoArgs),
     /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
     Config(cli::config::ConfigArgs),
 }
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Command::Netns(args) => cli::netns::main(&args),
         Command::Config(args) => cli::config::main(&args),
         Command::Scan(args) => cli::scan::main(&args),
+        Command::Demo(args) => cli::demo::main(&args),
         Command::Release(args) => cli::release::main(&args),
         Command::Attachments(args) => cli::attachments::main(&args),
     };

@@ -488,3 +488,30 @@ fn scan_explains_leaks_and_release_from_report_frees_them() {
     assert!(left.contains(&spared.container_id), "spared by the reviewer");
     assert!(!left.contains(&leaked.container_id), "released: {}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// `netreap demo` (the README's self-contained demo) works and cleans up.
+#[test]
+fn the_demo_releases_its_leaks_and_cleans_up() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_netreap"))
+        .args(["demo", "--leaks", "2"])
+        .output()
+        .expect("netreap demo runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.matches("released by netreap").count(), 2, "{stdout}");
+    // "... in netns nrdemo<tag>live: ..." names what it made; all of it is gone.
+    let live = stdout
+        .split_whitespace()
+        .find(|w| w.starts_with("nrdemo") && w.ends_with("live:"))
+        .expect("the demo names its live netns")
+        .trim_end_matches(':');
+    let netns = std::process::Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
+    assert!(!String::from_utf8_lossy(&netns.stdout).contains(live), "{live} removed");
+    let bridge = live.trim_end_matches("live");
+    let link = std::process::Command::new("ip").args(["link", "show", bridge]).output().expect("ip link");
+    assert!(!link.status.success(), "bridge {bridge} removed");
+}

@@ -2,6 +2,7 @@
 
 pub mod attachments;
 pub mod config;
+pub mod demo;
 pub mod netns;
 pub mod probes;
 pub mod release;
