@@ -13,6 +13,8 @@ commands:
   install-tools   only install rust-src for nightly and build bpf-linker into target/tools
   test            install what the tests need (apt packages, eBPF toolchain), then run
                   every test of the workspace (as root: kernel tests load real probes)
+  bench           run the benchmarks as root (netns_death, reclaim) and print their tables:
+                  bench [netns_death] [latency] [overhead] [scale] [burst] (none named: all)
   vm-test         run the kernel-facing tests in Debian 6.1/6.12 kernels under qemu and on
                   this host: vm-test [--kernel 6.1|6.12|host|all] [--timeout SECS]
 ";
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
             Ok(())
         }),
         Some("test") => test(&ws, &args[1..]),
+        Some("bench") => bench(&ws, &args[1..]),
         Some("vm-test") => return xtask::vm::main(&ws, &args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
@@ -55,4 +58,35 @@ fn test(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
     toolchain::ensure_rust_src(&info)?;
     toolchain::ensure_bpf_linker(ws, &info)?;
     xtask::testrun::cargo_test(&ws.root, extra)
+}
+
+/// `cargo xtask bench [netns_death] [latency|overhead|scale|burst]...`: the
+/// issue 6 benchmarks. Item names go to the reclaim bench; netns_death runs
+/// when named or when nothing is. Root: they create namespaces and load probes.
+fn bench(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
+    // std only: the effective uid from /proc rather than libc::geteuid.
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Uid:").map(|u| u.split_whitespace().nth(1) == Some("0"))))
+        .unwrap_or(false);
+    if !root {
+        let status = "needs root (network namespaces, eBPF probes)".to_owned();
+        return Err(BuildError::Failed { command: "cargo xtask bench".into(), status });
+    }
+    let all = extra.is_empty();
+    let reclaim_args: Vec<&String> = extra.iter().filter(|a| a.as_str() != "netns_death").collect();
+    if all || extra.iter().any(|a| a == "netns_death") {
+        toolchain::run(
+            std::process::Command::new("cargo").current_dir(&ws.root).args(["bench", "-p", "netreap", "--bench", "netns_death"]),
+        )?;
+    }
+    if all || !reclaim_args.is_empty() {
+        toolchain::run(
+            std::process::Command::new("cargo")
+                .current_dir(&ws.root)
+                .args(["bench", "-p", "netreap", "--bench", "reclaim", "--"])
+                .args(reclaim_args),
+        )?;
+    }
+    Ok(())
 }
