@@ -1,12 +1,17 @@
 //! Maps what the agent observed (the kernel model, the attachment ledger,
 //! the CNI cache) onto the decision engine's inputs.
 
-use std::{path::PathBuf, time::SystemTime};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
 
 use crate::{
     engine::{
         Observations,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, same_netns_path},
+        index::path_key,
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef},
     },
     ipam::cnicache::CachedAttachment,
     ledger::Ledger,
@@ -17,23 +22,40 @@ fn netns_id(view: &NetnsView) -> Option<NetnsId> {
     view.inode.map(|inode| NetnsId { inode: u64::from(inode), nsid: view.nsid })
 }
 
-/// Containers tied to a netns: by inode from the ledger, by path from the cache.
-fn containers_of(view: &NetnsView, ledger: &Ledger, cache: &[CachedAttachment]) -> Vec<String> {
-    let mut ids: Vec<String> = ledger
-        .attachments()
-        .filter(|a| a.netns_inode.is_some() && a.netns_inode == view.inode.map(u64::from))
-        .map(|a| a.container_id.clone())
-        .collect();
-    for entry in cache {
-        let Some(path) = entry.netns.as_deref() else { continue };
-        if view.bind_mounts.iter().any(|m| same_netns_path(m, std::path::Path::new(path)))
-            && !ids.contains(&entry.container_id)
-        {
-            ids.push(entry.container_id.clone());
+/// Containers tied to each netns: by inode from the ledger, by path from the
+/// cache. Built once per observation, so a node with many pods stays linear.
+struct ContainerIndex {
+    by_inode: HashMap<u64, Vec<String>>,
+    by_path: HashMap<PathBuf, Vec<String>>,
+}
+
+impl ContainerIndex {
+    fn new(ledger: &Ledger, cache: &[CachedAttachment]) -> Self {
+        let mut by_inode: HashMap<u64, Vec<String>> = HashMap::new();
+        for a in ledger.attachments() {
+            if let Some(inode) = a.netns_inode {
+                by_inode.entry(inode).or_default().push(a.container_id.clone());
+            }
         }
+        let mut by_path: HashMap<PathBuf, Vec<String>> = HashMap::new();
+        for entry in cache {
+            if let Some(path) = entry.netns.as_deref() {
+                by_path.entry(path_key(Path::new(path))).or_default().push(entry.container_id.clone());
+            }
+        }
+        Self { by_inode, by_path }
     }
-    ids.sort();
-    ids
+
+    fn containers_of(&self, view: &NetnsView) -> Vec<String> {
+        let mut ids: Vec<String> =
+            view.inode.and_then(|i| self.by_inode.get(&u64::from(i))).cloned().unwrap_or_default();
+        for mount in &view.bind_mounts {
+            ids.extend(self.by_path.get(&path_key(mount)).into_iter().flatten().cloned());
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
 }
 
 /// Everything the engine needs, from one model snapshot, the ledger and a
@@ -47,9 +69,10 @@ pub fn observations(
     watching_since: Option<SystemTime>,
 ) -> Observations {
     let mut obs = Observations { watching_since, ..Observations::default() };
+    let containers = ContainerIndex::new(ledger, cache);
     for view in &snapshot.netns {
         let Some(id) = netns_id(view) else { continue };
-        let container_ids = containers_of(view, ledger, cache);
+        let container_ids = containers.containers_of(view);
         let addresses = view.global_addresses().map(|a| a.ip).collect();
         let paths: Vec<PathBuf> = view.bind_mounts.clone();
         match (view.alive, view.died_at) {

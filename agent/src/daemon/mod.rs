@@ -43,27 +43,21 @@ use crate::{
 /// is fsync'd.
 pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
-/// The state endpoint's document, updated as the agent works.
+/// What the state endpoint shows. Kept typed and serialized only when
+/// someone asks: a reconcile must not pay for JSON nobody reads.
+#[derive(Default)]
 struct StateDoc {
-    probes: Value,
-    model: Value,
-    attachments: Value,
-    verdicts: Value,
-}
-
-impl Default for StateDoc {
-    fn default() -> Self {
-        // Lists start empty, not null: a consumer can iterate at once.
-        let empty = Value::Array(Vec::new());
-        Self { probes: empty.clone(), model: Value::Null, attachments: empty.clone(), verdicts: empty }
-    }
+    probes: Vec<crate::kernel::probes::ProbeStatus>,
+    model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
+    attachments: Vec<crate::ledger::Attachment>,
+    verdicts: Vec<Verdict>,
 }
 
 impl StateDoc {
     fn to_json(&self) -> Value {
         json!({
             "probes": self.probes,
-            "model": self.model,
+            "model": self.model.as_deref(),
             "attachments": self.attachments,
             "verdicts": self.verdicts,
         })
@@ -118,7 +112,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let mut probes = Probes::load().context("loading the eBPF probes")?;
     log_probe_status(&probes);
     if let Ok(mut s) = state.lock() {
-        s.probes = serde_json::to_value(&probes.status).unwrap_or(Value::Null);
+        s.probes.clone_from(&probes.status);
     }
     let watching_since = SystemTime::now();
     let mut kernel = KernelStream::new(&mut probes).context("reading the probes' ring buffer")?;
@@ -174,14 +168,21 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let recheck_every = (agent.policy.in_flight_grace.min(agent.policy.orphan_grace) / 4)
         .clamp(Duration::from_secs(1), agent.config.resync_interval);
     let mut recheck = tokio::time::interval(recheck_every);
+    // A finished CNI run may change verdicts; runs come in bursts (a chain,
+    // a script's helpers, many pods), so their reconciles are coalesced.
+    let mut cni_reconcile_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
             _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
             batch = kernel.next_batch() => {
                 if agent.on_kernel_batch(batch?).await? {
-                    agent.reconcile("cni_exit").await?;
+                    cni_reconcile_at.get_or_insert_with(|| tokio::time::Instant::now() + CNI_EXIT_COALESCE);
                 }
+            }
+            () = sleep_until_some(cni_reconcile_at), if cni_reconcile_at.is_some() => {
+                cni_reconcile_at = None;
+                agent.reconcile("cni_exit").await?;
             }
             death = deaths.recv() => {
                 let Some(death) = death else { anyhow::bail!("the netns model stopped") };
@@ -190,6 +191,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                     agent.on_death(&more)?;
                 }
                 agent.reconcile("netns_died").await?;
+                cni_reconcile_at = None;
             }
             _ = resync.tick() => {
                 agent.reconcile("interval").await?;
@@ -212,6 +214,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let _ = http_task.await;
     info!("probes detached, journal and event stream flushed; bye");
     Ok(())
+}
+
+/// How long CNI exits are gathered before the reconcile they trigger.
+const CNI_EXIT_COALESCE: Duration = Duration::from_millis(20);
+
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 pub fn log_probe_status(probes: &Probes) {
@@ -245,12 +257,12 @@ impl Agent {
     }
 
     async fn observations(&mut self) -> anyhow::Result<crate::engine::Observations> {
-        let snapshot = self.model.snapshot().await?;
+        let snapshot = Arc::new(self.model.snapshot().await?);
         let cache = self.cache.scan();
         let obs = evidence::observations(&snapshot, &self.ledger, &cache.attachments, Some(self.watching_since));
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
-            s.model = serde_json::to_value(&snapshot).unwrap_or(Value::Null);
+            s.model = Some(snapshot);
         }
         Ok(obs)
     }
@@ -321,7 +333,7 @@ impl Agent {
         if std::mem::take(&mut self.attachments_dirty)
             && let Ok(mut s) = self.state.lock()
         {
-            s.attachments = serde_json::to_value(self.ledger.snapshot()).unwrap_or(Value::Null);
+            s.attachments = self.ledger.snapshot();
         }
     }
 
@@ -363,11 +375,12 @@ impl Agent {
             self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
         }
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
+        let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
-            s.verdicts = serde_json::to_value(&verdicts).unwrap_or(Value::Null);
+            s.verdicts = verdicts;
         }
         self.publish_attachments();
-        tracing::debug!(reason, reservations = verdicts.len(), took_ms = started.elapsed().as_millis() as u64, "reconciled");
+        tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
         Ok(())
     }
 

@@ -12,7 +12,8 @@
 use std::time::{Duration, SystemTime};
 
 use super::{
-    observations::{DeadNetns, LiveNetns, NetnsRef, Observations, same_netns_path},
+    index::Index,
+    observations::{DeadNetns, LiveNetns, Observations},
     policy::Policy,
     verdict::{Fact, Status, Verdict, Via},
 };
@@ -30,7 +31,8 @@ pub const WATCH_SLACK: Duration = Duration::from_millis(100);
 /// One verdict per reservation, in the same order.
 #[must_use]
 pub fn decide(obs: &Observations, reservations: &[Reservation], now: SystemTime, policy: &Policy) -> Vec<Verdict> {
-    reservations.iter().map(|r| decide_one(obs, r, now, policy)).collect()
+    let index = Index::new(obs);
+    reservations.iter().map(|r| decide_indexed(&index, r, now, policy)).collect()
 }
 
 /// Where a container's netns stands, from one piece of evidence.
@@ -41,47 +43,28 @@ enum Link<'a> {
     Unresolved(Fact, SystemTime),
 }
 
-fn live_matching<'a>(obs: &'a Observations, netns: &NetnsRef) -> Option<&'a LiveNetns> {
-    obs.live.iter().find(|n| match netns {
-        NetnsRef::Id(id) => n.id.may_be(id),
-        NetnsRef::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
-    })
-}
-
-/// A dead netns is this binding's only if the binding was seen before the
-/// death: after it, the inode or path may name a newer netns.
-fn dead_matching<'a>(obs: &'a Observations, netns: &NetnsRef, seen_at: SystemTime) -> Option<&'a DeadNetns> {
-    obs.dead.iter().find(|d| {
-        seen_at <= d.died_at
-            && match netns {
-                NetnsRef::Id(id) => d.id.may_be(id),
-                NetnsRef::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
-            }
-    })
-}
-
 /// Every netns the reservation's container is known to be tied to.
-fn links<'a>(obs: &'a Observations, r: &Reservation) -> Vec<Link<'a>> {
+fn links<'a>(ix: &Index<'a>, r: &Reservation) -> Vec<Link<'a>> {
     let cid = r.container_id.as_str();
     let mut out = Vec::new();
-    for b in obs.bindings.iter().filter(|b| b.container_id == cid) {
+    for b in ix.bindings_of(cid) {
         let via = Via::Binding { source: b.source, netns: b.netns.clone() };
-        if let Some(live) = live_matching(obs, &b.netns) {
+        if let Some(live) = ix.live_matching(&b.netns) {
             out.push(Link::Live(live, via));
-        } else if let Some(dead) = dead_matching(obs, &b.netns, b.seen_at) {
+        } else if let Some(dead) = ix.dead_matching(&b.netns, b.seen_at) {
             out.push(Link::Dead(dead, via));
         } else {
             let fact = Fact::UnresolvedBinding { netns: b.netns.clone(), source: b.source, seen_at: b.seen_at };
             out.push(Link::Unresolved(fact, b.seen_at));
         }
     }
-    for live in obs.live.iter().filter(|n| n.container_ids.iter().any(|c| c == cid)) {
+    for live in ix.live_of_container(cid) {
         out.push(Link::Live(live, Via::Model));
     }
-    for dead in &obs.dead {
-        if dead.container_ids.iter().any(|c| c == cid) {
+    for (dead, own) in ix.dead_of_container_or_ip(cid, r.ip) {
+        if own {
             out.push(Link::Dead(dead, Via::Model));
-        } else if dead.container_ids.is_empty() && dead.addresses.contains(&r.ip) && dead.died_at >= r.created_at {
+        } else if dead.died_at >= r.created_at {
             // Held this reservation's IP after it was made and belonged to
             // no other known container: the reservation's netns.
             out.push(Link::Dead(dead, Via::Address));
@@ -90,9 +73,15 @@ fn links<'a>(obs: &'a Observations, r: &Reservation) -> Vec<Link<'a>> {
     out
 }
 
-/// Decides one reservation.
+/// Decides one reservation (builds the lookup tables: for a few; `decide`
+/// shares them across many).
 #[must_use]
 pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: &Policy) -> Verdict {
+    decide_indexed(&Index::new(obs), r, now, policy)
+}
+
+fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Policy) -> Verdict {
+    let obs = ix.obs;
     // A file stamped in the future (clock step) counts as brand new.
     let age = now.duration_since(r.created_at).unwrap_or(Duration::ZERO);
     let cid = r.container_id.as_str();
@@ -104,7 +93,7 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
     let mut ip_elsewhere = Vec::new();
     let mut ip_with_another_container = false;
 
-    for n in obs.live.iter().filter(|n| n.addresses.contains(&r.ip)) {
+    for n in ix.live_holding(r.ip) {
         if n.container_ids.iter().any(|c| c == cid) {
             in_use.push(Fact::IpInOwnLiveNetns { netns: n.id, paths: n.paths.clone() });
         } else {
@@ -117,7 +106,7 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
         }
     }
 
-    let links = links(obs, r);
+    let links = links(ix, r);
     let mut dead = Vec::new();
     let mut unresolved = Vec::new();
     for link in links {
@@ -136,7 +125,7 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
         }
     }
 
-    for op in obs.cni_ops.iter().filter(|op| op.in_flight() && op.may_concern(cid)) {
+    for op in ix.ops_concerning(cid).into_iter().filter(|op| op.in_flight()) {
         pending.push(Fact::CniOpInFlight {
             container_id: op.container_id.clone(),
             command: op.command.clone(),
@@ -144,17 +133,13 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
             started_at: op.started_at,
         });
     }
-    if let Some(sandboxes) = &obs.runtime_sandboxes
-        && sandboxes.iter().any(|s| s == cid)
-    {
+    if ix.runtime_lists(cid) == Some(true) {
         in_use.push(Fact::RuntimeListsSandbox);
     }
-    if let Some(pods) = &obs.api_pods {
-        for pod in pods.iter().filter(|p| p.ips.contains(&r.ip)) {
-            in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
-        }
+    for pod in ix.pods_with(r.ip) {
+        in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
     }
-    if age < policy.in_flight_grace && !cni_runs_watched(obs, r) {
+    if age < policy.in_flight_grace && !cni_runs_watched(ix, r) {
         pending.push(Fact::Young { age, grace: policy.in_flight_grace });
     }
 
@@ -219,13 +204,10 @@ pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: 
 /// the file: a CNI run of this very container that started after watching
 /// began and before the file was written (its exec record precedes the IPAM
 /// write). Then whether that ADD is in flight is known, not guessed.
-fn cni_runs_watched(obs: &Observations, r: &Reservation) -> bool {
-    let Some(since) = obs.watching_since else { return false };
-    obs.cni_ops.iter().any(|op| {
-        op.container_id.as_deref() == Some(r.container_id.as_str())
-            && op.started_at >= since
-            && op.started_at <= r.created_at + WATCH_SLACK
-    })
+fn cni_runs_watched(ix: &Index<'_>, r: &Reservation) -> bool {
+    let Some(since) = ix.obs.watching_since else { return false };
+    ix.ops_of_exactly(&r.container_id)
+        .any(|op| op.started_at >= since && op.started_at <= r.created_at + WATCH_SLACK)
 }
 
 /// Why the owner counts as dead: the deaths seen, or the grace that passed.

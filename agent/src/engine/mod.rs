@@ -3,6 +3,7 @@
 //! I/O and no clock here, so every rule can be tested exhaustively.
 
 pub mod decide;
+pub mod index;
 pub mod observations;
 pub mod policy;
 pub mod report;

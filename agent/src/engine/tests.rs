@@ -563,3 +563,51 @@ proptest! {
         prop_assert_eq!(all, decide(&obs, &rs, now(), &policy));
     }
 }
+
+// The index must find exactly what a linear search over the observations
+// finds, first match and order included.
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn index_lookups_equal_linear_search(
+        obs in observations(),
+        netns in a_netns_ref(),
+        seen_at in a_time(),
+        cid in a_cid(),
+        addr in an_ip(),
+    ) {
+        use super::{index::Index, observations::same_netns_path};
+        let ix = Index::new(&obs);
+        let live_linear = obs.live.iter().find(|n| match &netns {
+            NetnsRef::Id(id) => n.id.may_be(id),
+            NetnsRef::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
+        });
+        prop_assert_eq!(ix.live_matching(&netns), live_linear);
+        let dead_linear = obs.dead.iter().find(|d| {
+            seen_at <= d.died_at
+                && match &netns {
+                    NetnsRef::Id(id) => d.id.may_be(id),
+                    NetnsRef::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
+                }
+        });
+        prop_assert_eq!(ix.dead_matching(&netns, seen_at), dead_linear);
+        let ops_linear: Vec<_> = obs.cni_ops.iter().filter(|op| op.may_concern(&cid)).collect();
+        prop_assert_eq!(ix.ops_concerning(&cid), ops_linear);
+        let holding: Vec<_> = obs.live.iter().filter(|n| n.addresses.contains(&addr)).collect();
+        prop_assert_eq!(ix.live_holding(addr).collect::<Vec<_>>(), holding);
+        let dead_linear: Vec<_> = obs
+            .dead
+            .iter()
+            .filter(|d| d.container_ids.contains(&cid) || (d.container_ids.is_empty() && d.addresses.contains(&addr)))
+            .collect();
+        let dead_indexed: Vec<_> = ix.dead_of_container_or_ip(&cid, addr).into_iter().map(|(d, _)| d).collect();
+        prop_assert_eq!(dead_indexed, dead_linear);
+    }
+
+    #[test]
+    fn path_keys_agree_with_same_netns_path(a in a_path(), b in a_path()) {
+        use super::{index::path_key, observations::same_netns_path};
+        prop_assert_eq!(path_key(&a) == path_key(&b), same_netns_path(&a, &b));
+    }
+}
