@@ -265,14 +265,20 @@ fn releases_real_host_local_reservations_and_the_range_allocates_again() {
     for ip in &ips[1..] {
         assert!(data.join("nrrnet").join(ip.to_string()).exists());
     }
-    // Journaled: an intent with its evidence, then the outcome.
+    // Journaled: each intent with its evidence, durable before its outcome
+    // (a batch writes both intents, then both outcomes).
     let lines = journal_lines(&state);
     assert_eq!(lines.len(), 4);
-    assert_eq!(lines[0]["record"], "intent");
-    assert_eq!(lines[0]["verdict"]["status"], "orphaned");
-    assert!(lines[0]["verdict"]["evidence"][0]["text"].as_str().unwrap().contains("died"));
-    assert_eq!(lines[1]["record"], "outcome");
-    assert_eq!(lines[1]["outcome"]["result"], "released");
+    for intent in lines.iter().filter(|l| l["record"] == "intent") {
+        assert_eq!(intent["verdict"]["status"], "orphaned");
+        assert!(intent["verdict"]["evidence"][0]["text"].as_str().unwrap().contains("died"));
+        let at = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(|l| pred(l)).unwrap();
+        let i = at(&|l| l["record"] == "intent" && l["id"] == intent["id"]);
+        let o = at(&|l| l["record"] == "outcome" && l["id"] == intent["id"]);
+        assert!(i < o, "intent before its outcome");
+        assert_eq!(lines[o]["outcome"]["result"], "released");
+    }
+    assert_eq!(lines.iter().filter(|l| l["record"] == "intent").count(), 2);
     assert!(rel.journal().pending().is_empty());
 
     // The exhausted range allocates again, and a repeat changes nothing.

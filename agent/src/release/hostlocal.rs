@@ -95,7 +95,9 @@ pub(crate) fn would_release(r: &Reservation, t: &Target) -> Outcome {
 }
 
 /// Removes the reservation file if it still is the one decided about.
-pub(crate) fn release(r: &Reservation, t: &Target) -> Outcome {
+/// `sync_dir`: fsync the directory after the unlink (a batch does it once
+/// per directory instead, see `Releaser::release_orphaned`).
+pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool) -> Outcome {
     let dir = match open_dir(t) {
         Ok(dir) => dir,
         Err(outcome) => return outcome,
@@ -122,12 +124,20 @@ pub(crate) fn release(r: &Reservation, t: &Target) -> Outcome {
             Err(outcome) => outcome,
         }
     };
-    if outcome.released()
+    if sync_dir
+        && outcome.released()
         && let Err(e) = dir.sync()
     {
         tracing::warn!(dir = %t.network_dir.display(), "fsync after release: {e}");
     }
     outcome
+}
+
+/// fsyncs a network directory so its unlinks are durable.
+pub(crate) fn sync_network_dir(network_dir: &std::path::Path) {
+    if let Err(e) = Dir::open(network_dir).and_then(|d| d.sync()) {
+        tracing::warn!(dir = %network_dir.display(), "fsync after releases: {e}");
+    }
 }
 
 /// Other IPs the attachment (container ID, ifname) still holds in this

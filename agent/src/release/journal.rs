@@ -176,6 +176,40 @@ impl Journal {
         self.file.write_all(&line).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))
     }
 
+    /// Records the intents to act on each verdict, with one fsync for all.
+    pub fn record_intents(&mut self, verdicts: &[&Verdict], dry_run: bool) -> Result<Vec<Intent>, JournalError> {
+        let at = SystemTime::now();
+        let mut lines = Vec::new();
+        let mut intents = Vec::with_capacity(verdicts.len());
+        for (n, v) in verdicts.iter().enumerate() {
+            let intent = Intent { id: format!("{}-{n}", new_id(at)), at, dry_run, verdict: (*v).clone() };
+            lines.extend(serde_json::to_vec(&Record::Intent(intent.clone()))?);
+            lines.push(b'\n');
+            intents.push(intent);
+        }
+        self.file.write_all(&lines).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
+        self.pending.extend(intents.iter().cloned());
+        Ok(intents)
+    }
+
+    /// Records what became of each intent, with one fsync for all.
+    pub fn record_outcomes(&mut self, outcomes: &[(&str, &Outcome)]) -> Result<(), JournalError> {
+        let at = SystemTime::now();
+        let mut lines = Vec::new();
+        for (id, outcome) in outcomes {
+            if !self.pending.iter().any(|i| i.id == *id) {
+                return Err(JournalError::UnknownIntent((*id).to_owned()));
+            }
+            let record = OutcomeRecord { id: (*id).to_owned(), at, outcome: (*outcome).clone(), reverified: None };
+            lines.extend(serde_json::to_vec(&Record::Outcome(record))?);
+            lines.push(b'\n');
+        }
+        self.file.write_all(&lines).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
+        let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, _)| *id).collect();
+        self.pending.retain(|i| !done.contains(i.id.as_str()));
+        Ok(())
+    }
+
     /// Records (and fsyncs) the intent to act on `verdict`.
     pub fn record_intent(&mut self, verdict: &Verdict, dry_run: bool) -> Result<Intent, JournalError> {
         let at = SystemTime::now();

@@ -13,7 +13,11 @@ pub mod journal;
 pub mod outcome;
 pub mod report;
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -122,8 +126,81 @@ impl Releaser {
     }
 
     /// Releases every orphaned verdict; the others are skipped silently.
+    /// `verdicts` is a whole scan: the batch is crash-safe like single
+    /// releases (every intent is durable before the first unlink, every
+    /// unlink before its outcome) with three fsyncs per batch instead of
+    /// three per release, and which other IPs an attachment still holds (to
+    /// keep its cache entry) is read from the scan instead of the disk.
     pub fn release_orphaned(&mut self, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
-        verdicts.iter().filter(|v| v.is_orphaned()).map(|v| self.release(v)).collect()
+        let orphans: Vec<&Verdict> = verdicts.iter().filter(|v| v.is_orphaned()).collect();
+        if orphans.len() <= 1 {
+            return orphans.into_iter().map(|v| self.release(v)).collect();
+        }
+        let dry_run = self.config.dry_run;
+        let mut records = Vec::with_capacity(orphans.len());
+        let mut accepted = Vec::with_capacity(orphans.len());
+        for v in orphans {
+            match hostlocal::target(&v.reservation, &self.config.host_local_dirs) {
+                Ok(_) => accepted.push(v),
+                Err(reason) => records.push(ReleaseRecord {
+                    intent_id: None,
+                    dry_run,
+                    verdict: v.clone(),
+                    outcome: Outcome::Refused { reason },
+                    reverified: None,
+                }),
+            }
+        }
+        let intents = self.journal.record_intents(&accepted, dry_run)?;
+        if self.config.abort_after_intent {
+            std::process::abort();
+        }
+        // Each attachment's IPs as the scan saw them; released ones leave.
+        let mut held: HashMap<(&Path, &str), Vec<&Reservation>> = HashMap::new();
+        for v in verdicts {
+            held.entry((v.reservation.path.parent().unwrap_or(Path::new("")), v.reservation.container_id.as_str()))
+                .or_default()
+                .push(&v.reservation);
+        }
+        let mut outcomes = Vec::with_capacity(accepted.len());
+        let mut touched: Vec<PathBuf> = Vec::new();
+        for v in &accepted {
+            let r = &v.reservation;
+            let dir = r.path.parent().unwrap_or(Path::new(""));
+            let others: Vec<IpAddr> = held
+                .get(&(dir, r.container_id.as_str()))
+                .into_iter()
+                .flatten()
+                .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
+                .map(|o| o.ip)
+                .collect();
+            let outcome = self.execute_with(r, dry_run, Some(others), false);
+            if outcome.released() {
+                if let Some(list) = held.get_mut(&(dir, r.container_id.as_str())) {
+                    list.retain(|o| o.ip != r.ip);
+                }
+                if !touched.iter().any(|t| t == dir) {
+                    touched.push(dir.to_path_buf());
+                }
+            }
+            log_outcome(r, &outcome, dry_run);
+            outcomes.push(outcome);
+        }
+        for dir in &touched {
+            hostlocal::sync_network_dir(dir);
+        }
+        let pairs: Vec<(&str, &Outcome)> = intents.iter().map(|i| i.id.as_str()).zip(outcomes.iter()).collect();
+        self.journal.record_outcomes(&pairs)?;
+        for ((intent, v), outcome) in intents.into_iter().zip(accepted).zip(outcomes) {
+            records.push(ReleaseRecord {
+                intent_id: Some(intent.id),
+                dry_run,
+                verdict: v.clone(),
+                outcome,
+                reverified: None,
+            });
+        }
+        Ok(records)
     }
 
     /// Settles the intents an earlier run left without outcome. Each is
@@ -170,11 +247,18 @@ impl Releaser {
 
     /// The store work: file under the plugin's lock, then the cache entry.
     fn execute(&self, r: &Reservation, dry_run: bool) -> Outcome {
+        self.execute_with(r, dry_run, None, true)
+    }
+
+    /// `still_held`: the attachment's other IPs when the caller knows them
+    /// (a batch); None reads them from the store.
+    fn execute_with(&self, r: &Reservation, dry_run: bool, still_held: Option<Vec<IpAddr>>, sync_dir: bool) -> Outcome {
         let target = match hostlocal::target(r, &self.config.host_local_dirs) {
             Ok(t) => t,
             Err(reason) => return Outcome::Refused { reason },
         };
-        let mut outcome = if dry_run { hostlocal::would_release(r, &target) } else { hostlocal::release(r, &target) };
+        let mut outcome =
+            if dry_run { hostlocal::would_release(r, &target) } else { hostlocal::release(r, &target, sync_dir) };
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.
         let wants_cache =
@@ -183,7 +267,11 @@ impl Releaser {
             return outcome;
         };
         let (entries, mut notes) = cache::entries_for(cache_dir, r);
-        let still_held = hostlocal::other_ips_of(&r.container_id, r.ifname.as_deref(), &target, r.ip);
+        let still_held = match still_held {
+            _ if entries.is_empty() => Vec::new(),
+            Some(known) => known,
+            None => hostlocal::other_ips_of(&r.container_id, r.ifname.as_deref(), &target, r.ip),
+        };
         let (entries, mut notes) = if entries.is_empty() || still_held.is_empty() {
             (entries, notes)
         } else {
