@@ -184,15 +184,23 @@ impl Probes {
             super::tracefs::Tracefs::MountedBy(dir) => tracing::info!("mounted tracefs on {dir}"),
             super::tracefs::Tracefs::AlreadyMounted(_) => {}
         }
-        let kernel_btf = btf::Btf::from_sys_fs()?;
-        let offsets = btf::resolve_offsets(&kernel_btf)?;
-        let aya_btf = AyaBtf::from_sys_fs().ok();
+        // Our parse of the kernel's BTF is dropped before aya parses it again:
+        // both at once would set the agent's peak memory.
+        let offsets = btf::resolve_offsets(&btf::Btf::from_sys_fs()?)?;
+        // The programs use no CO-RE relocations: the loader needs no kernel
+        // BTF. Only fentry/fexit do, parsed after the object is loaded so
+        // the two never sit in memory together (the agent's peak RSS).
         let mut ebpf = EbpfLoader::new()
-            .btf(aya_btf.as_ref())
+            .btf(None)
             .override_global("OFFSETS", &offsets, true)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Object(Box::new(e)))?;
 
+        let aya_btf = PROBES
+            .iter()
+            .any(|p| matches!(p.attach, Attach::FEntry { .. } | Attach::FExit { .. }))
+            .then(|| AyaBtf::from_sys_fs().ok())
+            .flatten();
         let mut status = Vec::with_capacity(PROBES.len());
         for spec in PROBES {
             let prog = ebpf.program_mut(spec.program).ok_or(ProbeError::MissingProgram(spec.program))?;
