@@ -25,16 +25,17 @@ fn netns_id(view: &NetnsView) -> Option<NetnsId> {
 /// Containers tied to each netns: by inode from the ledger, by path from the
 /// cache. Built once per observation, so a node with many pods stays linear.
 struct ContainerIndex {
-    by_inode: HashMap<u64, Vec<String>>,
+    /// Ledger bindings by inode, with when they were seen.
+    by_inode: HashMap<u64, Vec<(String, SystemTime)>>,
     by_path: HashMap<PathBuf, Vec<String>>,
 }
 
 impl ContainerIndex {
     fn new(ledger: &Ledger, cache: &[CachedAttachment]) -> Self {
-        let mut by_inode: HashMap<u64, Vec<String>> = HashMap::new();
+        let mut by_inode: HashMap<u64, Vec<(String, SystemTime)>> = HashMap::new();
         for a in ledger.attachments() {
             if let Some(inode) = a.netns_inode {
-                by_inode.entry(inode).or_default().push(a.container_id.clone());
+                by_inode.entry(inode).or_default().push((a.container_id.clone(), a.first_seen));
             }
         }
         let mut by_path: HashMap<PathBuf, Vec<String>> = HashMap::new();
@@ -47,8 +48,16 @@ impl ContainerIndex {
     }
 
     fn containers_of(&self, view: &NetnsView) -> Vec<String> {
-        let mut ids: Vec<String> =
-            view.inode.and_then(|i| self.by_inode.get(&u64::from(i))).cloned().unwrap_or_default();
+        // An inode names a netns only while it lives: a binding belongs to
+        // the netns that had the inode when the binding was seen.
+        let mut ids: Vec<String> = view
+            .inode
+            .and_then(|i| self.by_inode.get(&u64::from(i)))
+            .into_iter()
+            .flatten()
+            .filter(|(_, seen_at)| held_inode_at(view, *seen_at))
+            .map(|(cid, _)| cid.clone())
+            .collect();
         for mount in &view.bind_mounts {
             ids.extend(self.by_path.get(&path_key(mount)).into_iter().flatten().cloned());
         }
@@ -56,6 +65,26 @@ impl ContainerIndex {
         ids.dedup();
         ids
     }
+}
+
+/// How late the model may learn of a netns after a CNI run named it (the
+/// probe record and the discovery race the plugin).
+const DISCOVERY_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Did this netns hold its inode at `at`? (Known by then, not dead before.)
+fn held_inode_at(view: &NetnsView, at: SystemTime) -> bool {
+    view.first_seen <= at + DISCOVERY_SLACK && view.died_at.is_none_or(|d| d >= at)
+}
+
+/// The nsid of the netns that had `inode` at `at`: with it, the engine tells
+/// that netns from a later one that reuses the inode.
+fn nsid_at(snapshot: &ModelSnapshot, inode: u64, at: SystemTime) -> Option<i32> {
+    snapshot
+        .netns
+        .iter()
+        .filter(|v| v.inode.map(u64::from) == Some(inode))
+        .find(|v| held_inode_at(v, at))
+        .and_then(|v| v.nsid)
 }
 
 /// Everything the engine needs, from one model snapshot, the ledger and a
@@ -85,7 +114,7 @@ pub fn observations(
     for a in ledger.attachments() {
         let seen_at = a.first_seen;
         let netns = match (a.netns_inode, &a.netns_path) {
-            (Some(inode), _) => NetnsRef::Id(NetnsId { inode, nsid: None }),
+            (Some(inode), _) => NetnsRef::Id(NetnsId { inode, nsid: nsid_at(snapshot, inode, seen_at) }),
             (None, Some(path)) => NetnsRef::Path(PathBuf::from(path)),
             (None, None) => continue,
         };
@@ -104,4 +133,108 @@ pub fn observations(
     }
     obs.add_cached_attachments(cache);
     obs
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+    use crate::{
+        engine::{Status, decide_one},
+        ipam::{Reservation, StoreRef},
+        kernel::events::{CniExec, CniExit, CniValue, KernelEvent, Task},
+        ledger::NetnsResolver,
+        model::snapshot::{AddrScope, AddressView, ModelStats},
+    };
+
+    fn t(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_000_000 + s)
+    }
+
+    fn view(inode: u32, nsid: i32, first_seen: u64, died_at: Option<u64>, ip: Option<&str>) -> NetnsView {
+        NetnsView {
+            inode: Some(inode),
+            nsid: Some(nsid),
+            host: false,
+            alive: died_at.is_none(),
+            first_seen: t(first_seen),
+            age_secs: 0,
+            died_at: died_at.map(t),
+            death_source: None,
+            creator: None,
+            bind_mounts: Vec::new(),
+            process_count: 0,
+            processes: Vec::new(),
+            interfaces: Vec::new(),
+            addresses: ip
+                .map(|ip| AddressView {
+                    ip: ip.parse().unwrap(),
+                    prefix_len: 24,
+                    ifindex: 2,
+                    ifname: Some("eth0".into()),
+                    scope: AddrScope::from_raw(0),
+                })
+                .into_iter()
+                .collect(),
+            host_routes: Vec::new(),
+        }
+    }
+
+    struct Inode(u64);
+    impl NetnsResolver for Inode {
+        fn inode_of(&self, _: &str) -> Option<u64> {
+            Some(self.0)
+        }
+    }
+
+    fn v(s: &str) -> CniValue {
+        CniValue { value: s.into(), truncated: false }
+    }
+
+    /// A container bound to inode 77 at t=10 (nsid 1), dead at t=20; a new
+    /// netns reuses inode 77 at t=30 (nsid 2). The binding is the dead one's:
+    /// the reservation is orphaned, not "in use" by the newcomer.
+    #[test]
+    fn a_reused_inode_does_not_keep_a_dead_containers_reservation() {
+        let mut ledger = Ledger::new();
+        let task = |k: u64| Task { ktime_ns: k, pid: 9, tgid: 9, comm: "bridge".into(), cgroup_id: 1 };
+        let exec = KernelEvent::CniExec {
+            task: task(10),
+            exec: CniExec {
+                binary: v("/usr/lib/cni/bridge"),
+                command: v("ADD"),
+                container_id: Some(v("c1")),
+                netns: Some(v("/run/netns/a")),
+                ifname: Some(v("eth0")),
+                env_scan_limited: false,
+            },
+        };
+        let wall = |k: u64| t(k);
+        ledger.observe(&exec, wall, &Inode(77));
+        let exit = KernelEvent::CniExit { task: task(11), exit: CniExit::from_wait_status(0) };
+        ledger.observe(&exit, wall, &Inode(77));
+        let snapshot = ModelSnapshot {
+            taken_at: t(40),
+            netns: vec![view(77, 2, 30, None, None), view(77, 1, 5, Some(20), Some("10.0.0.2"))],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        };
+        let obs = observations(&snapshot, &ledger, &[], Some(t(0)));
+        assert_eq!(obs.bindings[0].netns, NetnsRef::Id(NetnsId { inode: 77, nsid: Some(1) }));
+        assert!(obs.live[0].container_ids.is_empty(), "the newcomer is not c1's");
+        assert_eq!(obs.dead[0].container_ids, vec!["c1".to_owned()]);
+        let r = Reservation {
+            store: StoreRef::HostLocal { data_dir: "/d".into() },
+            network: "n".into(),
+            ip: "10.0.0.2".parse().unwrap(),
+            container_id: "c1".into(),
+            ifname: Some("eth0".into()),
+            created_at: t(10),
+            path: "/d/n/10.0.0.2".into(),
+            inode: 1,
+        };
+        let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+    }
 }
