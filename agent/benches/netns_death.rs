@@ -9,71 +9,17 @@ use std::{
     collections::HashMap,
     fmt::Write as _,
     process::Command,
-    sync::mpsc,
     time::{Duration, SystemTime},
 };
 
-use netreap::{
-    model::{ModelStats, Watcher, WatcherConfig},
-    netlink::{
-        Message, RECV_BUFFER, RtnlSocket, SocketOptions,
-        wire::{self, consts::RTNLGRP_NSID},
-    },
-};
+use netreap::model::{ModelStats, Watcher, WatcherConfig};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::net::{ip, ip_batch, plain_nsid_listener};
 
 const NAMESPACES: usize = 200;
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ip_batch(commands: &str) {
-    use std::io::Write as _;
-    let mut child = Command::new("ip")
-        .args(["-batch", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("run ip -batch");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(commands.as_bytes())
-        .expect("feed ip");
-    assert!(child.wait().expect("ip -batch").success());
-}
-
-/// A plain `RTNLGRP_NSID` listener: when the kernel says each nsid died.
-fn plain_listener() -> mpsc::Receiver<(i32, SystemTime)> {
-    let socket = RtnlSocket::open(&SocketOptions {
-        groups: vec![RTNLGRP_NSID],
-        listen_all_nsid: false,
-        receive_buffer: 4 << 20,
-        nonblocking: false,
-    })
-    .expect("plain netlink listener");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; RECV_BUFFER];
-        while let Ok(Some(d)) = socket.recv(&mut buf) {
-            let at = SystemTime::now();
-            for (h, p) in wire::messages(&buf[..d.len]).flatten() {
-                if let Ok(Message::DelNsid { nsid: Some(n) }) = wire::decode(&h, p)
-                    && tx.send((n, at)).is_err()
-                {
-                    return;
-                }
-            }
-        }
-    });
-    rx
-}
 
 /// Deletes whatever namespaces are left, even after a panic.
 struct Cleanup(Vec<String>);
@@ -147,7 +93,7 @@ fn main() {
     let prefix = format!("nrb{}x", std::process::id() % 100_000);
     let names: Vec<String> = (0..NAMESPACES).map(|i| format!("{prefix}{i}")).collect();
     let _cleanup = Cleanup(names.clone());
-    let kernel_deaths = plain_listener();
+    let kernel_deaths = plain_nsid_listener();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -41,15 +41,12 @@ use netreap::{
         Policy, Status, decide,
     },
     ipam::{ReservationStore, hostlocal::HostLocalStore, scan_all},
-    netlink::{
-        Message, RECV_BUFFER, RtnlSocket, SocketOptions,
-        wire::{self, consts::RTNLGRP_NSID},
-    },
 };
 use serde_json::{Value, json};
 use support::{
     agent::{Agent, wait_until},
     lab::{Lab, Pod, cni_plugins_present},
+    net::{ip_batch, plain_nsid_listener},
 };
 
 const LEAKS: usize = 200;
@@ -64,32 +61,6 @@ const ITEMS: [&str; 4] = ["latency", "overhead", "scale", "burst"];
 const AGENT_ENV: &[(&str, &str)] = &[("NETREAP_LOG", "info")];
 
 // ---------------------------------------------------------------- helpers
-
-/// A plain `RTNLGRP_NSID` listener: when the kernel says each nsid died.
-fn plain_listener() -> mpsc::Receiver<(i32, SystemTime)> {
-    let socket = RtnlSocket::open(&SocketOptions {
-        groups: vec![RTNLGRP_NSID],
-        listen_all_nsid: false,
-        receive_buffer: 8 << 20,
-        nonblocking: false,
-    })
-    .expect("plain netlink listener");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; RECV_BUFFER];
-        while let Ok(Some(d)) = socket.recv(&mut buf) {
-            let at = SystemTime::now();
-            for (h, p) in wire::messages(&buf[..d.len]).flatten() {
-                if let Ok(Message::DelNsid { nsid: Some(n) }) = wire::decode(&h, p)
-                    && tx.send((n, at)).is_err()
-                {
-                    return;
-                }
-            }
-        }
-    });
-    rx
-}
 
 /// File deletions in `dir` (`IN_DELETE`), stamped when read: a thread
 /// blocked on inotify sees an unlink within microseconds, where a stat loop
@@ -158,25 +129,6 @@ fn nsids() -> HashMap<String, i32> {
             Some((name.to_owned(), rest.trim_end_matches(')').parse().ok()?))
         })
         .collect()
-}
-
-fn ip_batch(commands: &str) {
-    use std::io::Write as _;
-    let mut child = Command::new("ip")
-        .args(["-force", "-batch", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("run ip -batch");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(commands.as_bytes())
-        .expect("feed ip");
-    assert!(
-        child.wait().expect("ip -batch").success(),
-        "ip -batch failed"
-    );
 }
 
 /// The agent child of this process (the support wrapper keeps its `Child`).
@@ -342,7 +294,7 @@ fn latency() -> Value {
     );
     let ids = nsids();
     let gone = deletions(&lab.data_dir.join("nrblat"));
-    let kernel = plain_listener();
+    let kernel = plain_nsid_listener();
     let (mut kernel_v, mut release_v, mut share_v) = (Vec::new(), Vec::new(), Vec::new());
     let mut missing_nsid = 0;
     for (pod, ip) in pods.iter_mut().zip(&ips) {
@@ -628,7 +580,7 @@ fn burst() -> Value {
         .collect();
     let dir = lab.data_dir.join("nrbburst");
     let gone = deletions(&dir);
-    let kernel = plain_listener();
+    let kernel = plain_nsid_listener();
     let mut batch = String::new();
     for p in &pods {
         let _ = writeln!(batch, "netns del {}", p.name);

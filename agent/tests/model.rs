@@ -12,16 +12,18 @@ mod support;
 
 use std::{
     collections::{BTreeSet, HashSet},
-    io::Write as _,
     net::IpAddr,
     os::unix::fs::MetadataExt,
-    process::{Command, Stdio},
+    process::Command,
     sync::{Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
 use netreap::model::{DeathSource, ModelSnapshot, NetnsDeath, NetnsView, Watcher, WatcherConfig};
-use support::{runtime, unique};
+use support::{
+    net::{ip, ip_batch},
+    runtime, unique,
+};
 use tokio::sync::mpsc::Receiver;
 
 /// Convergence of the model after a change; generous, the usual is ms.
@@ -44,37 +46,6 @@ fn possible() -> bool {
         return false;
     }
     true
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn ip_batch(commands: &str) {
-    let mut child = Command::new("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run ip -batch");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(commands.as_bytes())
-        .expect("feed ip -batch");
-    let out = child.wait_with_output().expect("ip -batch");
-    assert!(
-        out.status.success(),
-        "ip -batch: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// `ip netns add`, deleted on drop unless the test deleted it.

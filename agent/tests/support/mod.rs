@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod lab;
+pub mod net;
 
 use std::time::{Duration, Instant};
 
