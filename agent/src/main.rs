@@ -66,8 +66,25 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("netreap: {e:#}");
+            eprintln!("netreap: {}", render(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line; a cause whose text its parent
+/// already quotes is not repeated.
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

@@ -82,7 +82,7 @@ pub const PROBES: &[ProbeSpec] = &[
 pub enum ProbeError {
     #[error(transparent)]
     Btf(#[from] BtfError),
-    #[error("cannot load the eBPF object: {0}")]
+    #[error("cannot load the eBPF object")]
     Object(#[source] Box<aya::EbpfError>),
     #[error("the eBPF object has no program {0}")]
     MissingProgram(&'static str),
@@ -92,9 +92,9 @@ pub enum ProbeError {
     Map { name: &'static str, source: Box<aya::maps::MapError> },
     #[error("required probe {program} ({attach}) failed: {reason}")]
     Required { program: &'static str, attach: Attach, reason: String },
-    #[error("tracepoints need tracefs: {0}")]
+    #[error("tracepoints need tracefs")]
     Tracefs(#[source] io::Error),
-    #[error("cannot watch the ring buffer: {0}")]
+    #[error("cannot watch the ring buffer")]
     Poll(#[source] io::Error),
 }
 

@@ -18,6 +18,17 @@ pub enum Tracefs {
 
 /// Makes tracefs available at /sys/kernel/tracing, mounting it if needed.
 pub fn ensure_mounted() -> io::Result<Tracefs> {
+    if let Err(e) = Path::new(TRACEFS_DIRS[0]).read_dir()
+        && e.kind() == io::ErrorKind::PermissionDenied
+    {
+        return Err(io::Error::new(
+            e.kind(),
+            format!(
+                "cannot read {}: {e}; netreap needs root (CAP_SYS_ADMIN, CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN)",
+                TRACEFS_DIRS[0]
+            ),
+        ));
+    }
     if let Some(dir) = TRACEFS_DIRS.into_iter().find(|d| populated(Path::new(d))) {
         return Ok(Tracefs::AlreadyMounted(dir));
     }
