@@ -337,7 +337,13 @@ impl Driver {
                                 drained = true;
                                 break;
                             }
-                            Err(SocketError::Overrun) => self.model.overrun(),
+                            Err(SocketError::Overrun) => {
+                                self.model.overrun();
+                                match guard.get_inner().grow_receive_buffer() {
+                                    Ok(size) => tracing::debug!(size, "netlink receive buffer grown after an overrun"),
+                                    Err(e) => tracing::warn!("cannot grow the netlink receive buffer: {e}"),
+                                }
+                            }
                             Err(e) => return Err(e.into()),
                         }
                     }

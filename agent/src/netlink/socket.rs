@@ -88,7 +88,47 @@ fn setsockopt_int(
     }
 }
 
+/// Largest receive buffer an overrun may grow the socket to.
+pub const MAX_RECEIVE_BUFFER: usize = 64 << 20;
+
 impl RtnlSocket {
+    /// The kernel's receive buffer size (what it counts, i.e. doubled).
+    pub fn receive_buffer(&self) -> Result<usize, SocketError> {
+        let mut value: i32 = 0;
+        let mut len = size_of::<i32>() as libc::socklen_t;
+        // SAFETY: a valid socket fd and an int-sized out buffer.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&raw mut value).cast(),
+                &raw mut len,
+            )
+        };
+        if rc < 0 {
+            return Err(SocketError::Option { option: "SO_RCVBUF", source: io::Error::last_os_error() });
+        }
+        Ok(usize::try_from(value).unwrap_or(0))
+    }
+
+    /// Doubles the receive buffer, up to [`MAX_RECEIVE_BUFFER`]: after an
+    /// overrun, so that a node busier than the buffer was sized for
+    /// converges instead of overrunning on every resync. Returns the new size.
+    pub fn grow_receive_buffer(&self) -> Result<usize, SocketError> {
+        let current = self.receive_buffer()?;
+        let wanted = (current.max(4096) * 2).min(MAX_RECEIVE_BUFFER);
+        if wanted <= current {
+            return Ok(current);
+        }
+        let value = i32::try_from(wanted).unwrap_or(i32::MAX);
+        let raw = self.fd.as_raw_fd();
+        if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, "SO_RCVBUFFORCE", value).is_err() {
+            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF", value)?;
+        }
+        self.receive_buffer()
+    }
+
     pub fn open(options: &SocketOptions) -> Result<Self, SocketError> {
         let mut ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
         if options.nonblocking {
