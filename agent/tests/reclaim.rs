@@ -226,8 +226,8 @@ fn add_in_flight_is_never_released() {
     pod.mark_deleted();
     assert!(
         wait_until(Duration::from_secs(5), || lab.reservations("netd").is_empty()).is_some(),
-        "not released after the ADD returned and the netns died; log:\n{}",
-        agent.log()
+        "not released after the ADD returned and the netns died; verdict now: {}",
+        agent.state()["verdicts"]
     );
 
     // 2: address configured, the chain's last plugin still sleeping, no cache yet.

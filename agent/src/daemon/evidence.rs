@@ -131,8 +131,36 @@ pub fn observations(
             });
         }
     }
-    obs.add_cached_attachments(cache);
+    add_cache_bindings(&mut obs, snapshot, ledger, cache);
     obs
+}
+
+/// A cache entry binds its container to a netns path. When a CNI run of the
+/// same container named the same path, the ledger resolved it to an inode
+/// while the plugin ran; the binding then names that netns (inode and nsid)
+/// from that moment. A path alone may no longer resolve: `ip netns del`
+/// unmounts it before the netns dies (a plugin holding it keeps it alive),
+/// and the runtime writes the cache after the plugins returned.
+fn add_cache_bindings(obs: &mut Observations, snapshot: &ModelSnapshot, ledger: &Ledger, cache: &[CachedAttachment]) {
+    for entry in cache {
+        let Some(path) = entry.netns.as_deref() else { continue };
+        let resolved = ledger.get(&entry.container_id).and_then(|a| {
+            let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
+            a.netns_inode.filter(|_| same_path).map(|inode| (inode, a.first_seen))
+        });
+        let (netns, seen_at) = match resolved {
+            Some((inode, seen_at)) => {
+                (NetnsRef::Id(NetnsId { inode, nsid: nsid_at(snapshot, inode, seen_at) }), seen_at)
+            }
+            None => (NetnsRef::Path(PathBuf::from(path)), entry.written_at),
+        };
+        obs.bindings.push(Binding {
+            container_id: entry.container_id.clone(),
+            netns,
+            source: BindingSource::CniCache,
+            seen_at,
+        });
+    }
 }
 
 #[cfg(test)]
@@ -231,6 +259,61 @@ mod tests {
             container_id: "c1".into(),
             ifname: Some("eth0".into()),
             created_at: t(10),
+            path: "/d/n/10.0.0.2".into(),
+            inode: 1,
+        };
+        let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+    }
+
+    /// `ip netns del` unmounted the netns while a plugin held it, and the
+    /// runtime wrote the cache after the death: the cache's path binding
+    /// must still name the dead netns (through the ledger), or the
+    /// reservation would wait for the orphan grace.
+    #[test]
+    fn a_cache_binding_names_the_netns_the_ledger_resolved_its_path_to() {
+        let mut ledger = Ledger::new();
+        let task = |k: u64| Task { ktime_ns: k, pid: 9, tgid: 9, comm: "bridge".into(), cgroup_id: 1 };
+        let exec = KernelEvent::CniExec {
+            task: task(10),
+            exec: CniExec {
+                binary: v("/usr/lib/cni/bridge"),
+                command: v("ADD"),
+                container_id: Some(v("c1")),
+                netns: Some(v("/var/run/netns/a")),
+                ifname: Some(v("eth0")),
+                env_scan_limited: false,
+            },
+        };
+        ledger.observe(&exec, t, &Inode(77));
+        ledger.observe(&KernelEvent::CniExit { task: task(19), exit: CniExit::from_wait_status(0) }, t, &Inode(77));
+        let snapshot = ModelSnapshot {
+            taken_at: t(40),
+            netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2"))],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        };
+        let cache = vec![CachedAttachment {
+            path: "/c/n-c1-eth0".into(),
+            network: "n".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: Some("/run/netns/a".into()),
+            ips: vec!["10.0.0.2".parse().unwrap()],
+            written_at: t(25),
+            inode: 5,
+        }];
+        let obs = observations(&snapshot, &ledger, &cache, Some(t(0)));
+        let cached: Vec<_> = obs.bindings.iter().filter(|b| b.source == BindingSource::CniCache).collect();
+        assert_eq!(cached[0].netns, NetnsRef::Id(NetnsId { inode: 77, nsid: Some(1) }));
+        assert_eq!(cached[0].seen_at, t(10));
+        let r = Reservation {
+            store: StoreRef::HostLocal { data_dir: "/d".into() },
+            network: "n".into(),
+            ip: "10.0.0.2".parse().unwrap(),
+            container_id: "c1".into(),
+            ifname: Some("eth0".into()),
+            created_at: t(12),
             path: "/d/n/10.0.0.2".into(),
             inode: 1,
         };

@@ -88,6 +88,31 @@ struct Agent {
     state: Arc<Mutex<StateDoc>>,
 }
 
+/// The HTTP endpoint task and how to stop it.
+struct Endpoint {
+    readiness: Readiness,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Serves /metrics, /healthz, /readyz and /state from the start, so a
+/// liveness probe answers while the probes load.
+async fn serve_endpoint(config: &Config, metrics: &Metrics, state: &Arc<Mutex<StateDoc>>) -> anyhow::Result<Endpoint> {
+    use anyhow::Context as _;
+    let readiness = Readiness::new();
+    let (stop, stop_rx) = watch::channel(false);
+    let listener = http::bind(config.metrics_addr).await.context("binding the metrics/state endpoint")?;
+    info!("serving /metrics, /healthz, /readyz, /state on http://{}", config.metrics_addr);
+    let state = Arc::clone(state);
+    let endpoints = Endpoints {
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+        state: Arc::new(move || state.lock().map_or(Value::Null, |s| s.to_json())),
+    };
+    let task = tokio::spawn(http::serve(listener, endpoints, stop_rx));
+    Ok(Endpoint { readiness, stop, task })
+}
+
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     use anyhow::Context as _;
@@ -95,19 +120,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let metrics = Metrics::new(env!("CARGO_PKG_VERSION"));
     let events = EventStream::open_rotating(&config.events, config.events_max_bytes, config.events_keep)
         .context("opening the event stream")?;
-    let readiness = Readiness::new();
     let state = Arc::new(Mutex::new(StateDoc::default()));
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let listener = http::bind(config.metrics_addr).await.context("binding the metrics/state endpoint")?;
-    info!("serving /metrics, /healthz, /readyz, /state on http://{}", config.metrics_addr);
-    let state_for_http = Arc::clone(&state);
-    let endpoints = Endpoints {
-        metrics: metrics.clone(),
-        readiness: readiness.clone(),
-        state: Arc::new(move || state_for_http.lock().map_or(Value::Null, |s| s.to_json())),
-    };
-    let http_task = tokio::spawn(http::serve(listener, endpoints, stop_rx));
+    let endpoint = serve_endpoint(&config, &metrics, &state).await?;
 
     let mut probes = Probes::load().context("loading the eBPF probes")?;
     log_probe_status(&probes);
@@ -155,63 +169,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     agent.recover().await?;
     agent.reconcile("startup").await?;
-    readiness.mark_ready();
+    endpoint.readiness.mark_ready();
     info!(dry_run = agent.config.dry_run, "netreap ready");
 
-    let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
-    let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    let mut resync = tokio::time::interval(agent.config.resync_interval);
-    resync.tick().await;
-    let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
-    // While some verdict waits for a grace to pass, look again sooner than
-    // the resync interval.
-    let recheck_every = (agent.policy.in_flight_grace.min(agent.policy.orphan_grace) / 4)
-        .clamp(Duration::from_secs(1), agent.config.resync_interval);
-    let mut recheck = tokio::time::interval(recheck_every);
-    // A finished CNI run may change verdicts; runs come in bursts (a chain,
-    // a script's helpers, many pods), so their reconciles are coalesced.
-    let mut cni_reconcile_at: Option<tokio::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = sigterm.recv() => { info!("SIGTERM: shutting down"); break; }
-            _ = sigint.recv() => { info!("SIGINT: shutting down"); break; }
-            batch = kernel.next_batch() => {
-                if agent.on_kernel_batch(batch?).await? {
-                    cni_reconcile_at.get_or_insert_with(|| tokio::time::Instant::now() + CNI_EXIT_COALESCE);
-                }
-            }
-            () = sleep_until_some(cni_reconcile_at), if cni_reconcile_at.is_some() => {
-                cni_reconcile_at = None;
-                agent.reconcile("cni_exit").await?;
-            }
-            death = deaths.recv() => {
-                let Some(death) = death else { anyhow::bail!("the netns model stopped") };
-                agent.on_death(&death)?;
-                while let Ok(more) = deaths.try_recv() {
-                    agent.on_death(&more)?;
-                }
-                agent.reconcile("netns_died").await?;
-                cni_reconcile_at = None;
-            }
-            _ = resync.tick() => {
-                agent.reconcile("interval").await?;
-            }
-            _ = recheck.tick(), if agent.waiting_for_grace() => {
-                agent.reconcile("grace").await?;
-            }
-            _ = housekeeping.tick() => {
-                agent.housekeeping(&mut kernel).await?;
-            }
-        }
-    }
+    agent.event_loop(&mut kernel, &mut deaths).await?;
 
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
     drop(probes);
     let _ = watcher.stop().await;
     agent.events.sync()?;
-    let _ = stop_tx.send(true);
-    let _ = http_task.await;
+    let _ = endpoint.stop.send(true);
+    let _ = endpoint.task.await;
     info!("probes detached, journal and event stream flushed; bye");
     Ok(())
 }
@@ -241,6 +210,56 @@ pub fn log_probe_status(probes: &Probes) {
 }
 
 impl Agent {
+    /// Reacts to kernel records, deaths and timers until SIGINT or SIGTERM.
+    async fn event_loop(
+        &mut self,
+        kernel: &mut KernelStream,
+        deaths: &mut tokio::sync::mpsc::Receiver<NetnsDeath>,
+    ) -> anyhow::Result<()> {
+        use anyhow::Context as _;
+        let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
+        let mut sigint = tokio::signal::unix::signal(SignalKind::interrupt()).context("SIGINT handler")?;
+        let mut resync = tokio::time::interval(self.config.resync_interval);
+        resync.tick().await;
+        let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+        // While some verdict waits for a grace to pass, look again sooner
+        // than the resync interval.
+        let recheck_every = (self.policy.in_flight_grace.min(self.policy.orphan_grace) / 4)
+            .clamp(Duration::from_secs(1), self.config.resync_interval);
+        let mut recheck = tokio::time::interval(recheck_every);
+        // A finished CNI run may change verdicts; runs come in bursts (a
+        // chain, a script's helpers, many pods), so their reconciles are
+        // coalesced.
+        let mut cni_reconcile_at: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = sigterm.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
+                _ = sigint.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+                batch = kernel.next_batch() => {
+                    if self.on_kernel_batch(batch?).await? {
+                        cni_reconcile_at.get_or_insert_with(|| tokio::time::Instant::now() + CNI_EXIT_COALESCE);
+                    }
+                }
+                () = sleep_until_some(cni_reconcile_at), if cni_reconcile_at.is_some() => {
+                    cni_reconcile_at = None;
+                    self.reconcile("cni_exit").await?;
+                }
+                death = deaths.recv() => {
+                    let Some(death) = death else { anyhow::bail!("the netns model stopped") };
+                    self.on_death(&death)?;
+                    while let Ok(more) = deaths.try_recv() {
+                        self.on_death(&more)?;
+                    }
+                    self.reconcile("netns_died").await?;
+                    cni_reconcile_at = None;
+                }
+                _ = resync.tick() => self.reconcile("interval").await?,
+                _ = recheck.tick(), if self.waiting_for_grace() => self.reconcile("grace").await?,
+                _ = housekeeping.tick() => self.housekeeping(kernel).await?,
+            }
+        }
+    }
+
     /// Settles intents a previous run left without outcome, re-verified on
     /// fresh observations.
     async fn recover(&mut self) -> anyhow::Result<()> {
@@ -277,6 +296,9 @@ impl Agent {
         for record in batch {
             match record {
                 Ok(event) => {
+                    if let KernelEvent::CniExit { task, exit } = &event {
+                        tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
+                    }
                     let clock = self.clock;
                     if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &StatResolver)
                         && let KernelEvent::CniExit { task, .. } = &event {

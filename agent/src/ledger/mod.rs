@@ -93,12 +93,24 @@ pub trait NetnsResolver {
     fn inode_of(&self, path: &str) -> Option<u64>;
 }
 
-/// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net.
+/// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net. A
+/// path that is not nsfs (the empty mount point `ip netns del` leaves for a
+/// moment after unmounting) resolves to nothing, never to its own inode.
 pub struct StatResolver;
+
+/// `statfs(2)` type of the namespace filesystem.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
 
 impl NetnsResolver for StatResolver {
     fn inode_of(&self, path: &str) -> Option<u64> {
         use std::os::unix::fs::MetadataExt as _;
+        let c_path = std::ffi::CString::new(path).ok()?;
+        // SAFETY: a NUL-terminated path and a zeroed out-struct.
+        let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::statfs(c_path.as_ptr(), &raw mut fs) } != 0 || i64::from(fs.f_type) != NSFS_MAGIC {
+            return None;
+        }
         std::fs::metadata(path).ok().map(|m| m.ino())
     }
 }
@@ -212,6 +224,12 @@ impl Ledger {
         gone.len()
     }
 
+    /// A CNI run of this process is in the ledger and not finished.
+    #[must_use]
+    pub fn is_running(&self, pid: u32) -> bool {
+        self.running.contains_key(&pid)
+    }
+
     #[must_use]
     pub fn get(&self, container_id: &str) -> Option<&Attachment> {
         self.by_container.get(container_id)
@@ -296,6 +314,18 @@ mod tests {
 
     fn exit(pid: u32, t: u64, code: u32) -> KernelEvent {
         KernelEvent::CniExit { task: task(pid, t), exit: CniExit::from_wait_status(code << 8) }
+    }
+
+    #[test]
+    fn the_stat_resolver_only_believes_nsfs() {
+        use std::os::unix::fs::MetadataExt as _;
+        let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        assert_eq!(StatResolver.inode_of("/proc/self/ns/net"), Some(own));
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("cni-1234");
+        std::fs::write(&plain, "").unwrap();
+        assert_eq!(StatResolver.inode_of(plain.to_str().unwrap()), None, "an unmounted mount point");
+        assert_eq!(StatResolver.inode_of("/nonexistent/netns"), None);
     }
 
     #[test]

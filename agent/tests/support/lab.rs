@@ -140,14 +140,14 @@ impl Lab {
 
     /// The flags that point netreap at this lab's directories.
     pub fn netreap_dir_args(&self) -> Vec<std::ffi::OsString> {
-        let mut args: Vec<std::ffi::OsString> = Vec::new();
-        args.push("--host-local-dir".into());
-        args.push(self.data_dir.clone().into());
-        args.push("--cni-cache-dir".into());
-        args.push(self.cache_dir.join("results").into());
-        args.push("--state-dir".into());
-        args.push(self.state_dir.clone().into());
-        args
+        vec![
+            "--host-local-dir".into(),
+            self.data_dir.clone().into(),
+            "--cni-cache-dir".into(),
+            self.cache_dir.join("results").into(),
+            "--state-dir".into(),
+            self.state_dir.clone().into(),
+        ]
     }
 
     pub fn pod(&self) -> Pod {
