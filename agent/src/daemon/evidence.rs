@@ -220,28 +220,34 @@ mod tests {
         CniValue { value: s.into(), truncated: false }
     }
 
+    /// A ledger holding one finished ADD of container c1 (pid 9) that named
+    /// `netns`, which resolved to `inode`; times in seconds of `t`.
+    fn ledger_with_add(netns: &str, started: u64, finished: u64, inode: u64) -> Ledger {
+        let mut ledger = Ledger::new();
+        let task = |k: u64| Task { ktime_ns: k, pid: 9, tgid: 9, comm: "bridge".into(), cgroup_id: 1 };
+        let exec = KernelEvent::CniExec {
+            task: task(started),
+            exec: CniExec {
+                binary: v("/usr/lib/cni/bridge"),
+                command: v("ADD"),
+                container_id: Some(v("c1")),
+                netns: Some(v(netns)),
+                ifname: Some(v("eth0")),
+                env_scan_limited: false,
+            },
+        };
+        ledger.observe(&exec, t, &Inode(inode));
+        let exit = KernelEvent::CniExit { task: task(finished), exit: CniExit::from_wait_status(0) };
+        ledger.observe(&exit, t, &Inode(inode));
+        ledger
+    }
+
     /// A container bound to inode 77 at t=10 (nsid 1), dead at t=20; a new
     /// netns reuses inode 77 at t=30 (nsid 2). The binding is the dead one's:
     /// the reservation is orphaned, not "in use" by the newcomer.
     #[test]
     fn a_reused_inode_does_not_keep_a_dead_containers_reservation() {
-        let mut ledger = Ledger::new();
-        let task = |k: u64| Task { ktime_ns: k, pid: 9, tgid: 9, comm: "bridge".into(), cgroup_id: 1 };
-        let exec = KernelEvent::CniExec {
-            task: task(10),
-            exec: CniExec {
-                binary: v("/usr/lib/cni/bridge"),
-                command: v("ADD"),
-                container_id: Some(v("c1")),
-                netns: Some(v("/run/netns/a")),
-                ifname: Some(v("eth0")),
-                env_scan_limited: false,
-            },
-        };
-        let wall = |k: u64| t(k);
-        ledger.observe(&exec, wall, &Inode(77));
-        let exit = KernelEvent::CniExit { task: task(11), exit: CniExit::from_wait_status(0) };
-        ledger.observe(&exit, wall, &Inode(77));
+        let ledger = ledger_with_add("/run/netns/a", 10, 11, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
             netns: vec![view(77, 2, 30, None, None), view(77, 1, 5, Some(20), Some("10.0.0.2"))],
@@ -272,21 +278,7 @@ mod tests {
     /// reservation would wait for the orphan grace.
     #[test]
     fn a_cache_binding_names_the_netns_the_ledger_resolved_its_path_to() {
-        let mut ledger = Ledger::new();
-        let task = |k: u64| Task { ktime_ns: k, pid: 9, tgid: 9, comm: "bridge".into(), cgroup_id: 1 };
-        let exec = KernelEvent::CniExec {
-            task: task(10),
-            exec: CniExec {
-                binary: v("/usr/lib/cni/bridge"),
-                command: v("ADD"),
-                container_id: Some(v("c1")),
-                netns: Some(v("/var/run/netns/a")),
-                ifname: Some(v("eth0")),
-                env_scan_limited: false,
-            },
-        };
-        ledger.observe(&exec, t, &Inode(77));
-        ledger.observe(&KernelEvent::CniExit { task: task(19), exit: CniExit::from_wait_status(0) }, t, &Inode(77));
+        let ledger = ledger_with_add("/var/run/netns/a", 10, 19, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
             netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2"))],
