@@ -220,6 +220,20 @@ mod tests {
         CniValue { value: s.into(), truncated: false }
     }
 
+    /// c1's reservation of 10.0.0.2 in network n, made at `created_at`.
+    fn reservation_of_c1(created_at: SystemTime) -> Reservation {
+        Reservation {
+            store: StoreRef::HostLocal { data_dir: "/d".into() },
+            network: "n".into(),
+            ip: "10.0.0.2".parse().unwrap(),
+            container_id: "c1".into(),
+            ifname: Some("eth0".into()),
+            created_at,
+            path: "/d/n/10.0.0.2".into(),
+            inode: 1,
+        }
+    }
+
     /// A ledger holding one finished ADD of container c1 (pid 9) that named
     /// `netns`, which resolved to `inode`; times in seconds of `t`.
     fn ledger_with_add(netns: &str, started: u64, finished: u64, inode: u64) -> Ledger {
@@ -258,16 +272,7 @@ mod tests {
         assert_eq!(obs.bindings[0].netns, NetnsRef::Id(NetnsId { inode: 77, nsid: Some(1) }));
         assert!(obs.live[0].container_ids.is_empty(), "the newcomer is not c1's");
         assert_eq!(obs.dead[0].container_ids, vec!["c1".to_owned()]);
-        let r = Reservation {
-            store: StoreRef::HostLocal { data_dir: "/d".into() },
-            network: "n".into(),
-            ip: "10.0.0.2".parse().unwrap(),
-            container_id: "c1".into(),
-            ifname: Some("eth0".into()),
-            created_at: t(10),
-            path: "/d/n/10.0.0.2".into(),
-            inode: 1,
-        };
+        let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
         assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
     }
@@ -299,16 +304,7 @@ mod tests {
         let cached: Vec<_> = obs.bindings.iter().filter(|b| b.source == BindingSource::CniCache).collect();
         assert_eq!(cached[0].netns, NetnsRef::Id(NetnsId { inode: 77, nsid: Some(1) }));
         assert_eq!(cached[0].seen_at, t(10));
-        let r = Reservation {
-            store: StoreRef::HostLocal { data_dir: "/d".into() },
-            network: "n".into(),
-            ip: "10.0.0.2".parse().unwrap(),
-            container_id: "c1".into(),
-            ifname: Some("eth0".into()),
-            created_at: t(12),
-            path: "/d/n/10.0.0.2".into(),
-            inode: 1,
-        };
+        let r = reservation_of_c1(t(12));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
         assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
     }
