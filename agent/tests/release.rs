@@ -141,7 +141,7 @@ fn write_cache_entry(cache_dir: &Path, network: &str, cid: &str, ifname: &str, n
 fn died(cids: &[&str]) -> Observations {
     Observations {
         dead: vec![DeadNetns {
-            id: NetnsId { inode: 4_026_000_001, nsid: Some(7) },
+            id: NetnsId::new(Some(4_026_000_001), Some(7), None),
             died_at: SystemTime::now(),
             container_ids: cids.iter().map(|c| (*c).to_owned()).collect(),
             addresses: vec![],
@@ -238,7 +238,7 @@ fn releases_real_host_local_reservations_and_the_range_allocates_again() {
     // leak0 and leak6 died; the others are alive in `netns`.
     let mut obs = died(&["leak0", "leak6"]);
     obs.live.push(LiveNetns {
-        id: NetnsId { inode: netns.inode(), nsid: None },
+        id: NetnsId::new(Some(netns.inode()), None, None),
         container_ids: cids[1..].to_vec(),
         ..LiveNetns::default()
     });
@@ -539,7 +539,7 @@ fn journal_survives_a_crash_between_intent_and_unlink() {
     // (c) The owner turned out alive: its netns is live after all.
     let alive = Observations {
         live: vec![LiveNetns {
-            id: NetnsId { inode: netns.inode(), nsid: None },
+            id: NetnsId::new(Some(netns.inode()), None, None),
             container_ids: vec!["c".into()],
             ..LiveNetns::default()
         }],
@@ -695,7 +695,7 @@ fn a_reviewed_report_is_released_exactly_after_re_verification() {
     // Since the review, c1 came back to life (its netns is live).
     let fresh = Observations {
         live: vec![LiveNetns {
-            id: NetnsId { inode: 1, nsid: Some(1) },
+            id: NetnsId::new(Some(1), Some(1), None),
             container_ids: vec!["c1".into()],
             ..LiveNetns::default()
         }],

@@ -81,6 +81,8 @@ struct Agent {
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     verdicts: HashMap<ReservationKey, Status>,
+    /// When this agent first saw each CNI cache entry.
+    cache_first_seen: evidence::FirstSeen,
     /// The ledger changed since /state last showed it.
     attachments_dirty: bool,
     /// Anomalies already reported (path), so each is reported once.
@@ -161,6 +163,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         releaser,
         watching_since,
         verdicts: HashMap::new(),
+        cache_first_seen: evidence::FirstSeen::new(),
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
         state,
@@ -278,7 +281,18 @@ impl Agent {
     async fn observations(&mut self) -> anyhow::Result<crate::engine::Observations> {
         let snapshot = Arc::new(self.model.snapshot().await?);
         let cache = self.cache.scan();
-        let obs = evidence::observations(&snapshot, &self.ledger, &cache.attachments, Some(self.watching_since));
+        let now = SystemTime::now();
+        self.cache_first_seen.retain(|path, _| cache.attachments.iter().any(|a| &a.path == path));
+        for a in &cache.attachments {
+            self.cache_first_seen.entry(a.path.clone()).or_insert(now);
+        }
+        let obs = evidence::observations(
+            &snapshot,
+            &self.ledger,
+            &cache.attachments,
+            Some(self.watching_since),
+            Some(&self.cache_first_seen),
+        );
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
             s.model = Some(snapshot);
@@ -326,18 +340,14 @@ impl Agent {
 
     fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<()> {
         self.metrics.netns_destroyed();
-        let containers: Vec<&str> = self
-            .ledger
-            .attachments()
-            .filter(|a| a.netns_inode.is_some() && a.netns_inode == death.inode.map(u64::from))
-            .map(|a| a.container_id.as_str())
-            .collect();
+        let containers = evidence::containers_of_death(&self.ledger, &[], death);
         let addresses: Vec<String> = death.addresses.iter().map(|a| a.ip.to_string()).collect();
         info!(inode = ?death.inode, nsid = ?death.nsid, source = ?death.source, ?addresses, "netns died");
         self.events.emit(
             death.at,
             "netns_died",
             &json!({
+                "netns": death.id(),
                 "netns_inode": death.inode,
                 "nsid": death.nsid,
                 "source": death.source,

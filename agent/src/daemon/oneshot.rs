@@ -38,7 +38,7 @@ pub async fn observe(config: &Config) -> anyhow::Result<Observations> {
     let snapshot = watcher.snapshot().await?;
     watcher.stop().await?;
     let cache = CniCache::new(config.cni_cache_dir.clone()).scan();
-    Ok(evidence::observations(&snapshot, &Ledger::new(), &cache.attachments, None))
+    Ok(evidence::observations(&snapshot, &Ledger::new(), &cache.attachments, None, None))
 }
 
 /// Blocking wrapper for CLI commands.

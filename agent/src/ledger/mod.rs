@@ -68,6 +68,9 @@ pub struct Attachment {
     pub netns_path: Option<String>,
     /// Inode of that netns, resolved when the operation started (0 = unknown).
     pub netns_inode: Option<u64>,
+    /// Start of the CNI run that resolved `netns_inode`: the binding's date.
+    /// (Not the container's first run: a later ADD may name a new netns.)
+    pub netns_bound_at: Option<SystemTime>,
     pub ifnames: Vec<String>,
     pub operations: Vec<CniOperation>,
     pub first_seen: SystemTime,
@@ -154,6 +157,7 @@ impl Ledger {
                     container_id: container_id.clone(),
                     netns_path: None,
                     netns_inode: None,
+                    netns_bound_at: None,
                     ifnames: Vec::new(),
                     operations: Vec::new(),
                     first_seen: at,
@@ -165,6 +169,7 @@ impl Ledger {
                     // keep the inode learned while it was alive.
                     if netns_inode.is_some() || entry.netns_path.as_deref() != Some(path) {
                         entry.netns_inode = netns_inode;
+                        entry.netns_bound_at = netns_inode.map(|_| at);
                     }
                     entry.netns_path = Some(path.clone());
                 }
