@@ -25,14 +25,19 @@ use crate::{
 struct ContainerIndex {
     /// Ledger bindings by inode, dated by the CNI run that made them.
     by_inode: HashMap<u64, Vec<(String, SystemTime)>>,
+    /// Bindings restored from an earlier run, which name their incarnation.
+    pinned: Vec<(NetnsId, String)>,
     by_path: HashMap<PathBuf, Vec<String>>,
 }
 
 impl ContainerIndex {
     fn new(ledger: &Ledger, cache: &[CachedAttachment]) -> Self {
         let mut by_inode: HashMap<u64, Vec<(String, SystemTime)>> = HashMap::new();
+        let mut pinned = Vec::new();
         for a in ledger.attachments() {
-            if let (Some(inode), Some(bound_at)) = (a.netns_inode, a.netns_bound_at) {
+            if let Some(id) = a.pinned {
+                pinned.push((id, a.container_id.clone()));
+            } else if let (Some(inode), Some(bound_at)) = (a.netns_inode, a.netns_bound_at) {
                 by_inode.entry(inode).or_default().push((a.container_id.clone(), bound_at));
             }
         }
@@ -42,7 +47,7 @@ impl ContainerIndex {
                 by_path.entry(path_key(Path::new(path))).or_default().push(entry.container_id.clone());
             }
         }
-        Self { by_inode, by_path }
+        Self { by_inode, pinned, by_path }
     }
 
     /// Containers of one incarnation: ledger bindings made while it held
@@ -57,6 +62,7 @@ impl ContainerIndex {
             .filter(|(_, bound_at)| life.held_inode_at(*bound_at))
             .map(|(cid, _)| cid.clone())
             .collect();
+        ids.extend(self.pinned.iter().filter(|(id, _)| id.may_be(&life.id)).map(|(_, cid)| cid.clone()));
         for mount in bind_mounts {
             ids.extend(self.by_path.get(&path_key(mount)).into_iter().flatten().cloned());
         }
@@ -94,7 +100,7 @@ impl Life {
 
 /// The incarnations that may have held `inode` at `at`. None known: the
 /// inode alone (it then matches any holder, which keeps).
-fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, at: SystemTime) -> Vec<NetnsId> {
+pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, at: SystemTime) -> Vec<NetnsId> {
     let ids: Vec<NetnsId> = snapshot
         .netns
         .iter()
@@ -149,10 +155,11 @@ pub fn observations(
     }
     for a in ledger.attachments() {
         let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
-        let netns: Vec<NetnsRef> = match (a.netns_inode, &a.netns_path) {
-            (Some(inode), _) => incarnations_at(snapshot, inode, bound_at).into_iter().map(NetnsRef::Id).collect(),
-            (None, Some(path)) => vec![NetnsRef::Path(PathBuf::from(path))],
-            (None, None) => Vec::new(),
+        let netns: Vec<NetnsRef> = match (a.pinned, a.netns_inode, &a.netns_path) {
+            (Some(id), _, _) => vec![NetnsRef::Id(id)],
+            (None, Some(inode), _) => incarnations_at(snapshot, inode, bound_at).into_iter().map(NetnsRef::Id).collect(),
+            (None, None, Some(path)) => vec![NetnsRef::Path(PathBuf::from(path))],
+            (None, None, None) => Vec::new(),
         };
         for netns in netns {
             obs.bindings.push(Binding {
@@ -195,10 +202,11 @@ fn add_cache_bindings(
         let Some(path) = entry.netns.as_deref() else { continue };
         let resolved = ledger.get(&entry.container_id).and_then(|a| {
             let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
-            a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at)
+            a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned))
         });
         let refs: Vec<(NetnsRef, SystemTime)> = match resolved {
-            Some((inode, bound_at)) => {
+            Some(((_, bound_at), Some(pinned))) => vec![(NetnsRef::Id(pinned), bound_at)],
+            Some(((inode, bound_at), None)) => {
                 incarnations_at(snapshot, inode, bound_at).into_iter().map(|id| (NetnsRef::Id(id), bound_at)).collect()
             }
             None => {

@@ -5,6 +5,7 @@
 
 pub mod evidence;
 pub mod oneshot;
+pub mod restore;
 mod report;
 
 use std::{
@@ -27,8 +28,11 @@ use crate::{
         probes::{ProbeState, Probes},
         stream::KernelStream,
     },
-    ledger::{Ledger, StatResolver},
-    model::{ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
+    ledger::{
+        Ledger, StatResolver,
+        persist::{self, Window},
+    },
+    model::{DeathSource, ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
     release::{ReleaseRecord, Releaser, ReleaserConfig},
     telemetry::{
         clock::Clock,
@@ -85,6 +89,8 @@ struct Agent {
     cache_first_seen: evidence::FirstSeen,
     /// The ledger changed since /state last showed it.
     attachments_dirty: bool,
+    /// What survives a restart (see `restore`).
+    memory: Memory,
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
@@ -166,10 +172,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         cache_first_seen: evidence::FirstSeen::new(),
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
+        memory: Memory::default(),
         state,
         config,
     };
 
+    agent.remember().await;
     agent.recover().await?;
     agent.reconcile("startup").await?;
     endpoint.readiness.mark_ready();
@@ -180,6 +188,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
     drop(probes);
+    agent.save_knowledge().await;
     let _ = watcher.stop().await;
     agent.events.sync()?;
     let _ = endpoint.stop.send(true);
@@ -212,7 +221,109 @@ pub fn log_probe_status(probes: &Probes) {
     }
 }
 
+/// What this run carries over from earlier ones, and saves for later ones.
+#[derive(Default)]
+struct Memory {
+    boot_id: String,
+    /// Closed windows of complete watching (earlier runs, and this run's
+    /// before a ring-buffer loss).
+    windows: Vec<Window>,
+    /// Netns of saved bindings that the kernel says died while netreap was
+    /// down.
+    dead_while_down: Vec<crate::engine::observations::DeadNetns>,
+    /// The ledger changed since the last save.
+    dirty: bool,
+}
+
 impl Agent {
+    /// Loads what an earlier run saved and asks the kernel what became of
+    /// each netns it knew (after the model's first full sync).
+    async fn remember(&mut self) {
+        self.memory.boot_id = persist::boot_id();
+        let knowledge = match persist::load(&self.config.state_dir) {
+            Ok(Some(k)) => k,
+            Ok(None) => return,
+            Err(e) => {
+                warn!("earlier knowledge not used: {e}");
+                return;
+            }
+        };
+        let snapshot = match self.model.snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("earlier knowledge not used: no model snapshot: {e}");
+                return;
+            }
+        };
+        let same_boot = !knowledge.boot_id.is_empty() && knowledge.boot_id == self.memory.boot_id;
+        let known_good = snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid);
+        let mut querier = crate::netlink::query::Querier::open().ok();
+        let mut nsid_exists = |nsid: i32| querier.as_mut().and_then(|q| q.nsid_exists(nsid, known_good).ok().flatten());
+        let (mut alive, mut dead, mut unknown) = (0usize, 0usize, 0usize);
+        let mut restored_attachments = Vec::with_capacity(knowledge.bindings.len());
+        for saved in knowledge.bindings {
+            let fate = restore::fate(&saved, knowledge.saved_at, same_boot, &snapshot, &mut nsid_exists);
+            match &fate {
+                Some(restore::Fate::Alive(_)) => alive += 1,
+                Some(restore::Fate::Dead { .. }) => dead += 1,
+                Some(restore::Fate::Unknown(_)) | None => unknown += 1,
+            }
+            let (attachment, died) = restore::restored(saved, fate.as_ref());
+            if let Some(d) = died {
+                if !self.memory.dead_while_down.iter().any(|x| x.id == d.id) {
+                    let _ = self.events.emit(
+                        SystemTime::now(),
+                        "netns_died",
+                        &json!({
+                            "netns": d.id,
+                            "netns_inode": d.id.inode,
+                            "nsid": d.id.nsid,
+                            "source": DeathSource::WhileDown,
+                            "died_after": crate::telemetry::clock::rfc3339(d.died_at),
+                            "bind_mounts": d.paths,
+                            "container_ids": d.container_ids,
+                            "same_boot": same_boot,
+                        }),
+                    );
+                    self.memory.dead_while_down.push(d);
+                } else if let Some(x) = self.memory.dead_while_down.iter_mut().find(|x| x.id == d.id) {
+                    x.container_ids.extend(d.container_ids);
+                }
+            }
+            restored_attachments.push(attachment);
+        }
+        self.ledger.restore(restored_attachments);
+        self.memory.windows = knowledge.watched;
+        info!(alive, dead, unknown, same_boot, "restored the bindings an earlier run saved");
+        self.attachments_dirty = true;
+        self.memory.dirty = true;
+    }
+
+    /// Saves the ledger with each binding's netns incarnation.
+    async fn save_knowledge(&mut self) {
+        let snapshot = match self.model.snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("knowledge not saved: no model snapshot: {e}");
+                return;
+            }
+        };
+        let now = SystemTime::now();
+        let mut windows = self.memory.windows.clone();
+        windows.push(Window { since: self.watching_since, until: now });
+        let knowledge = restore::knowledge_of(
+            &self.ledger,
+            &snapshot,
+            &self.memory.dead_while_down,
+            self.memory.boot_id.clone(),
+            windows,
+            now,
+        );
+        if let Err(e) = persist::save(&self.config.state_dir, &knowledge) {
+            warn!("knowledge not saved: {e}");
+        }
+    }
+
     /// Reacts to kernel records, deaths and timers until SIGINT or SIGTERM.
     async fn event_loop(
         &mut self,
@@ -293,6 +404,9 @@ impl Agent {
             Some(self.watching_since),
             Some(&self.cache_first_seen),
         );
+        let mut obs = obs;
+        obs.dead.extend(self.memory.dead_while_down.iter().cloned());
+        obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
             s.model = Some(snapshot);
@@ -334,6 +448,7 @@ impl Agent {
             self.model.kernel_events(decoded).await?;
             // Rendered for /state at most once a second (housekeeping).
             self.attachments_dirty = true;
+            self.memory.dirty = true;
         }
         Ok(cni_finished)
     }
@@ -371,12 +486,17 @@ impl Agent {
 
     async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
         self.publish_attachments();
+        if std::mem::take(&mut self.memory.dirty) {
+            self.save_knowledge().await;
+        }
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth
             // grace again, and re-read the model.
             warn!(dropped, "ring buffer full: kernel records lost; resyncing");
-            self.watching_since = SystemTime::now();
+            let now = SystemTime::now();
+            self.memory.windows.push(Window { since: self.watching_since, until: now });
+            self.watching_since = now;
             self.metrics.ringbuf_drops(dropped);
             self.metrics.resync("ringbuf_drop");
             self.events.emit(SystemTime::now(), "records_dropped", &json!({ "dropped": dropped }))?;

@@ -167,6 +167,10 @@ pub struct Observations {
     /// needs no youth grace: the ledger knows whether its ADD is in flight.
     #[serde(default)]
     pub watching_since: Option<SystemTime>,
+    /// Spans in which earlier runs of netreap saw every CNI run (from its
+    /// state dir): the same holds for reservations made inside them.
+    #[serde(default)]
+    pub watched_before: Vec<(SystemTime, SystemTime)>,
 }
 
 impl Observations {

@@ -448,15 +448,10 @@ fn observations() -> impl Strategy<Value = Observations> {
         prop::option::of(prop::collection::vec(a_cid(), 0..2)),
         prop::option::of(prop::collection::vec(a_pod(), 0..2)),
         prop::option::of(a_time()),
+        prop::collection::vec((a_time(), a_time()), 0..2),
     )
-        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since)| Observations {
-            live,
-            dead,
-            bindings,
-            cni_ops,
-            runtime_sandboxes,
-            api_pods,
-            watching_since,
+        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before)| {
+            Observations { live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before }
         })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {

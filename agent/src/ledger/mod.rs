@@ -8,7 +8,9 @@ use std::{
     time::SystemTime,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+pub mod persist;
 
 use crate::kernel::events::{CniExit, KernelEvent};
 
@@ -22,7 +24,7 @@ const KEEP_FIRST_OPS: usize = 8;
 const MAX_CONTAINERS: usize = 65_536;
 
 /// One run of one CNI plugin binary.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CniOperation {
     /// ADD, DEL, CHECK, GC, VERSION, STATUS.
     pub command: String,
@@ -61,7 +63,7 @@ impl CniOperation {
 }
 
 /// What the ledger knows about one container ID.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attachment {
     pub container_id: String,
     /// CNI_NETNS of the latest operation that named one.
@@ -71,6 +73,11 @@ pub struct Attachment {
     /// Start of the CNI run that resolved `netns_inode`: the binding's date.
     /// (Not the container's first run: a later ADD may name a new netns.)
     pub netns_bound_at: Option<SystemTime>,
+    /// The netns incarnation an earlier run of netreap knew this binding
+    /// by (restored at start, see [`persist`]); it names the netns instead
+    /// of the inode, which may have been reused since.
+    #[serde(default)]
+    pub pinned: Option<crate::identity::NetnsId>,
     pub ifnames: Vec<String>,
     pub operations: Vec<CniOperation>,
     pub first_seen: SystemTime,
@@ -158,6 +165,7 @@ impl Ledger {
                     netns_path: None,
                     netns_inode: None,
                     netns_bound_at: None,
+                    pinned: None,
                     ifnames: Vec::new(),
                     operations: Vec::new(),
                     first_seen: at,
@@ -170,6 +178,7 @@ impl Ledger {
                     if netns_inode.is_some() || entry.netns_path.as_deref() != Some(path) {
                         entry.netns_inode = netns_inode;
                         entry.netns_bound_at = netns_inode.map(|_| at);
+                        entry.pinned = None;
                     }
                     entry.netns_path = Some(path.clone());
                 }
@@ -249,6 +258,21 @@ impl Ledger {
     pub fn snapshot(&self) -> Vec<Attachment> {
         let sorted: BTreeMap<&String, &Attachment> = self.by_container.iter().collect();
         sorted.into_values().cloned().collect()
+    }
+
+    /// Adds attachments an earlier run recorded, unless this run has seen
+    /// the container already. Runs recorded in flight stay in flight until
+    /// their process is found gone ([`Ledger::reap_vanished`]).
+    pub fn restore(&mut self, attachments: Vec<Attachment>) {
+        for a in attachments {
+            if self.by_container.contains_key(&a.container_id) || self.by_container.len() >= MAX_CONTAINERS {
+                continue;
+            }
+            for op in a.operations.iter().filter(|op| op.in_flight()) {
+                self.running.entry(op.pid).or_insert_with(|| a.container_id.clone());
+            }
+            self.by_container.insert(a.container_id.clone(), a);
+        }
     }
 
     fn evict_if_full(&mut self) {
