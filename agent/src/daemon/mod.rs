@@ -382,6 +382,7 @@ impl Agent {
         }
         let obs = self.observations().await?;
         let (now, policy) = (SystemTime::now(), self.policy);
+        self.arm_last_look();
         let records = self.releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
         for record in &records {
             self.emit_release(record, "recovery", None)?;
@@ -521,6 +522,9 @@ impl Agent {
         let now = SystemTime::now();
         let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         self.report_changes(&verdicts)?;
+        if verdicts.iter().any(Verdict::is_orphaned) {
+            self.arm_last_look();
+        }
         let records = self.releaser.release_orphaned(&verdicts)?;
         for record in &records {
             let died_at = report::death_time(&record.verdict);
@@ -574,6 +578,25 @@ impl Agent {
         Ok(())
     }
 
+    /// Gives the releaser a fresh last look: the kernel, asked about every
+    /// netns the model knows alive and any process netns it does not, and
+    /// the ledger's runs in flight.
+    fn arm_last_look(&mut self) {
+        let (mut nsids, mut inodes) = (Vec::new(), std::collections::HashSet::new());
+        if let Ok(s) = self.state.lock()
+            && let Some(model) = &s.model
+        {
+            for v in model.alive().filter(|v| !v.host) {
+                nsids.extend(v.nsid);
+                inodes.extend(v.inode.map(u64::from));
+            }
+            inodes.extend(model.alive().filter(|v| v.host).filter_map(|v| v.inode.map(u64::from)));
+        }
+        let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
+        let bin_dirs = crate::release::lastlook::DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect();
+        self.releaser.set_last_look(Box::new(crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)));
+    }
+
     fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {
         let now = SystemTime::now();
         let latency = died_at.and_then(|d| now.duration_since(d).ok());
@@ -586,6 +609,24 @@ impl Agent {
         let r = &record.verdict.reservation;
         info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
         self.events.emit(now, "release", &report::release(record, reason, latency))?;
+        if let crate::release::Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
+            // The model said no live netns holds the IP; the kernel, asked
+            // under the lock, said one does: both views, one event.
+            self.metrics.conflict();
+            warn!(ip = %r.ip, network = %r.network, "conflict at the last look: {found}");
+            self.events.emit(
+                now,
+                "conflict",
+                &json!({
+                    "network": r.network,
+                    "ip": r.ip,
+                    "container_id": r.container_id,
+                    "stage": "last_look",
+                    "model_view": record.verdict.summary,
+                    "kernel_view": found,
+                }),
+            )?;
+        }
         Ok(())
     }
 }

@@ -88,6 +88,48 @@ impl Querier {
         })
     }
 
+    /// The nsid of the netns behind `fd` (assigning one when `assign` and it
+    /// has none). None when the kernel gives none.
+    pub fn nsid_of(&mut self, fd: std::os::fd::RawFd, assign: bool) -> Result<Option<i32>, QueryError> {
+        if assign {
+            self.seq = self.seq.wrapping_add(1).max(1);
+            self.socket.send(&wire::assign_nsid(self.seq, fd))?;
+            // The answer is an ack or EEXIST; either way read it.
+            self.reply(self.seq)?;
+        }
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.socket.send(&wire::get_nsid(self.seq, fd))?;
+        Ok(match self.reply(self.seq)? {
+            Some(Message::NewNsid { nsid }) => nsid,
+            _ => None,
+        })
+    }
+
+    /// The one message answering request `seq`.
+    fn reply(&mut self, seq: u32) -> Result<Option<Message>, QueryError> {
+        loop {
+            let Some(d) = self.socket.recv(&mut self.buf)? else { return Err(QueryError::Truncated) };
+            for (header, payload) in wire::messages(&self.buf[..d.len]).flatten() {
+                if header.seq == seq {
+                    return Ok(wire::decode(&header, payload).ok());
+                }
+            }
+        }
+    }
+
+    /// The nsids the kernel lists now. The dump is paged by position, so a
+    /// netns may be missing from it: use it to find more netns to ask
+    /// about, never to conclude one is gone.
+    pub fn nsids(&mut self) -> Result<Vec<i32>, QueryError> {
+        let mut out = Vec::new();
+        self.dump(wire::dump_nsids, |m| {
+            if let Message::NewNsid { nsid: Some(n) } = m {
+                out.push(n);
+            }
+        })?;
+        Ok(out)
+    }
+
     /// The addresses configured in the netns with `nsid` (None: netreap's
     /// own) right now. `Ok(None)` when the kernel refused the dump.
     pub fn addresses(&mut self, nsid: Option<i32>) -> Result<Option<Vec<IpAddr>>, QueryError> {
