@@ -240,3 +240,35 @@ fn a_young_reservation_across_a_restart_is_released_when_its_netns_dies() {
     assert_eq!(releases.len(), 1, "{releases:#?}");
     assert_eq!(releases[0]["reason"], "netns_died", "{:#}", releases[0]);
 }
+
+/// An agent in a mount namespace of its own (as in a container) whose
+/// `/run/netns` is another, empty directory: a pod netns bind-mounted on
+/// the host is found in the host's mount table and opened through
+/// `/proc/1/root`, so it is known by inode and path, not only by nsid.
+#[test]
+fn an_agent_in_its_own_mount_namespace_opens_host_netns_through_proc_1_root() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let lab = Lab::new("10.246.10.0/29");
+    let pod = lab.pod();
+    let inode = std::fs::metadata(&pod.path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
+    let agent = Agent::start_wrapped(
+        &lab,
+        &["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs nrs-hide /run/netns && exec \"$0\" \"$@\""],
+        // The host's mount table, as the DaemonSet configures /proc/1/mountinfo
+        // (here the test's own: PID 1 of this sandbox is not the host).
+        &["--mountinfo", &format!("/proc/{}/mountinfo", std::process::id())],
+        &[],
+    );
+    let found = wait_until(Duration::from_secs(10), || {
+        agent.state()["model"]["netns"].as_array().is_some_and(|all| {
+            all.iter().any(|n| {
+                n["inode"].as_u64() == Some(inode)
+                    && n["bind_mounts"].as_array().is_some_and(|m| m.iter().any(|p| p.as_str() == Some(&format!("/run/netns/{}", pod.name))))
+            })
+        })
+    });
+    assert!(found.is_some(), "netns {inode} not found by its host path; state: {:#}", agent.state()["model"]);
+}

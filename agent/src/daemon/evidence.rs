@@ -275,7 +275,7 @@ mod tests {
 
     struct Inode(u64);
     impl NetnsResolver for Inode {
-        fn inode_of(&self, _: &str) -> Option<u64> {
+        fn inode_of(&self, _: &str, _: Option<u32>) -> Option<u64> {
             Some(self.0)
         }
     }

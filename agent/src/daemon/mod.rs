@@ -91,6 +91,8 @@ struct Agent {
     attachments_dirty: bool,
     /// What survives a restart (see `restore`).
     memory: Memory,
+    /// Resolves CNI_NETNS paths (through the host's root in a container).
+    resolver: StatResolver,
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
@@ -141,10 +143,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let watcher_config = WatcherConfig {
         resync_interval: config.resync_interval,
-        discovery: crate::discovery::DiscoveryPaths {
-            mountinfo: config.mountinfo.clone(),
-            ..crate::discovery::DiscoveryPaths::default()
-        },
+        discovery: crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone()),
         ..WatcherConfig::default()
     };
     let (watcher, mut deaths) = Watcher::start(watcher_config).await.context("starting the netns model")?;
@@ -173,6 +172,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
         memory: Memory::default(),
+        resolver: StatResolver {
+            host_root: crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo),
+        },
         state,
         config,
     };
@@ -429,7 +431,7 @@ impl Agent {
                         tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
                     }
                     let clock = self.clock;
-                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &StatResolver)
+                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &self.resolver)
                         && let KernelEvent::CniExit { task, .. } = &event {
                             if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
                                 self.metrics.cni_operation(&op.command, op.result());
@@ -620,9 +622,9 @@ impl Agent {
                 &json!({
                     "network": r.network,
                     "ip": r.ip,
-                    "container_id": r.container_id,
+                    "reserved_by": r.container_id,
                     "stage": "last_look",
-                    "model_view": record.verdict.summary,
+                    "evidence": record.verdict.evidence.iter().map(|e| e.text.clone()).collect::<Vec<_>>(),
                     "kernel_view": found,
                 }),
             )?;

@@ -22,6 +22,8 @@ pub enum QueryError {
     Socket(#[from] SocketError),
     #[error("netlink dump ended without its DONE")]
     Truncated,
+    #[error("setting a receive timeout: {0}")]
+    Timeout(std::io::Error),
 }
 
 /// How a dump ended.
@@ -42,6 +44,22 @@ impl Querier {
     pub fn open() -> Result<Self, QueryError> {
         let socket =
             RtnlSocket::open(&SocketOptions { groups: Vec::new(), listen_all_nsid: false, receive_buffer: 4 << 20, nonblocking: false })?;
+        // The kernel answers within the call; a read that waits longer is a
+        // request that gets no answer: fail rather than hang.
+        let timeout = libc::timeval { tv_sec: 2, tv_usec: 0 };
+        // SAFETY: a valid socket fd and a pointer to a timeval of the stated size.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const timeout).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(QueryError::Timeout(std::io::Error::last_os_error()));
+        }
         Ok(Self { socket, seq: 1, buf: vec![0; RECV_BUFFER], targeted_ok: false })
     }
 
@@ -92,10 +110,10 @@ impl Querier {
     /// has none). None when the kernel gives none.
     pub fn nsid_of(&mut self, fd: std::os::fd::RawFd, assign: bool) -> Result<Option<i32>, QueryError> {
         if assign {
+            // Answered only on failure (EEXIST when it has one): not waited
+            // for; the GETNSID below is answered after it, in order.
             self.seq = self.seq.wrapping_add(1).max(1);
             self.socket.send(&wire::assign_nsid(self.seq, fd))?;
-            // The answer is an ack or EEXIST; either way read it.
-            self.reply(self.seq)?;
         }
         self.seq = self.seq.wrapping_add(1).max(1);
         self.socket.send(&wire::get_nsid(self.seq, fd))?;

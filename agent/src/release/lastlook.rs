@@ -124,8 +124,9 @@ impl KernelLook {
         }
         // Netns of processes the model does not know yet.
         let mut running = HashMap::new();
+        let mut looked: HashSet<u64> = HashSet::new();
         for (pid, inode, exe) in processes(&self.proc_root) {
-            if !self.known_inodes.contains(&inode) {
+            if !self.known_inodes.contains(&inode) && looked.insert(inode) {
                 let path = self.proc_root.join(pid.to_string()).join("ns/net");
                 if let Ok(fd) = fs::File::open(&path)
                     && let Ok(Some(nsid)) = q.nsid_of(fd.as_raw_fd(), true)
