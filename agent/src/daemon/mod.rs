@@ -172,9 +172,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
         memory: Memory::default(),
-        resolver: StatResolver {
-            host_root: crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo),
-        },
+        resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
         state,
         config,
     };
