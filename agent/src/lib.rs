@@ -25,4 +25,5 @@ pub mod ledger;
 pub mod model;
 pub mod netlink;
 pub mod release;
+pub mod runtime;
 pub mod telemetry;
