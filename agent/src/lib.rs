@@ -26,4 +26,5 @@ pub mod model;
 pub mod netlink;
 pub mod release;
 pub mod runtime;
+pub mod sources;
 pub mod telemetry;

@@ -31,7 +31,7 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("no CRI socket: {0}")]
+    #[error("{0}")]
     NoSocket(String),
     #[error("CRI socket {}: cannot connect: {source}", .socket.display())]
     Connect { socket: PathBuf, source: tonic::transport::Error },
