@@ -103,8 +103,10 @@ fn a_leak_through_containerds_teardown_is_released_within_a_second() {
     let released = wait_until(Duration::from_secs(5), || !ctd.reserved_by(&pod.id));
     let took = released.map(|_| stopped.elapsed());
     assert!(took.is_some_and(|t| t <= Duration::from_secs(1)), "released after {took:?}\n{}", agent.log());
+    // The event follows the unlink.
+    wait_until(Duration::from_secs(2), || agent.events_named("release").iter().any(|e| e["ip"] == ip));
     let events = agent.events_named("release");
-    let release = events.iter().find(|e| e["ip"] == ip).expect("a release event");
+    let release = events.iter().find(|e| e["ip"] == ip).unwrap_or_else(|| panic!("a release event: {}", agent.log()));
     assert_eq!(release["pod"], "nrc/nrc-leaky", "{release}");
     assert_eq!(release["outcome"], "released", "{release}");
     ctd.remove_pod(&pod.id).expect("remove");
