@@ -233,31 +233,47 @@ fn with_the_socket_gone_netreap_goes_on_on_kernel_evidence_and_says_so_once() {
     assert!(back.is_some(), "{:?}", agent.events_named("source_changed"));
 }
 
-/// Records the real containerd's answers for the client's unit tests
-/// (agent/src/runtime/testdata). Run by hand:
-/// `cargo test -p netreap --test cri -- --ignored record`.
+/// The client's unit tests run on answers recorded from this containerd
+/// (agent/src/runtime/testdata): the live answers must read the same way.
+/// `NETREAP_RECORD=1` writes them again.
 #[test]
-#[ignore = "writes the recorded responses; run by hand"]
-fn record_containerd_responses() {
+fn recorded_responses_read_like_the_live_runtime() {
+    use std::collections::HashMap;
+
+    use netreap::runtime::info::{cni_networks, netns_info};
+    if !kernel_tests_possible() {
+        return;
+    }
     let _serial = serial();
     let ctd = Containerd::start("10.252.45.0/28");
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime/testdata");
-    std::fs::create_dir_all(&out).unwrap();
-    let save = |name: &str, info: &std::collections::HashMap<String, String>| {
-        let text = serde_json::to_string_pretty(info).unwrap().replace(ctd.dir.path().to_str().unwrap(), "/tmp/nrC-recorded");
-        std::fs::write(out.join(name), text + "\n").unwrap();
+    let testdata = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/runtime/testdata");
+    let record = std::env::var("NETREAP_RECORD").is_ok_and(|v| v == "1");
+    let tmp = ctd.dir.path().to_str().unwrap().to_owned();
+    let network = ctd.network.clone();
+    let check = |name: &str, live: HashMap<String, String>| {
+        let text = serde_json::to_string_pretty(&live).unwrap().replace(&tmp, "/tmp/nrC-recorded").replace(&network, "nrCnet");
+        let path = testdata.join(name);
+        if record {
+            std::fs::write(&path, text.clone() + "\n").unwrap();
+        }
+        let recorded: HashMap<String, String> =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())))
+                .unwrap();
+        let live: HashMap<String, String> = serde_json::from_str(&text).unwrap();
+        let (a, b) = (netns_info(&live), netns_info(&recorded));
+        assert_eq!(a.path.is_some(), b.path.is_some(), "{name}: netns path {a:?} vs recorded {b:?}");
+        assert_eq!((a.closed, a.pid.is_some()), (b.closed, b.pid.is_some()), "{name}: {a:?} vs recorded {b:?}");
+        assert_eq!(cni_networks(&live), cni_networks(&recorded), "{name}");
     };
     let status = ctd.block_on(ctd.client().status_info()).unwrap();
-    let status: std::collections::HashMap<String, String> = status.into_iter().filter(|(k, _)| k == "cniconfig").collect();
-    let text = serde_json::to_string_pretty(&status).unwrap().replace(&ctd.network, "nrCnet");
-    std::fs::write(out.join("containerd-1.6.20-status.json"), text.replace(ctd.dir.path().to_str().unwrap(), "/tmp/nrC-recorded") + "\n").unwrap();
+    check("containerd-1.6.20-status.json", status.into_iter().filter(|(k, _)| k == "cniconfig").collect());
     let ready = ctd.run_pod("nrc-rec-ready");
-    save("containerd-1.6.20-ready.json", &ctd.status_info(&ready.id));
+    check("containerd-1.6.20-ready.json", ctd.status_info(&ready.id));
     let stuck = ctd.run_pod("nrc-rec-stuck");
     ctd.fail_del_with(Some("injected failure"));
     assert!(ctd.stop_pod(&stuck.id).is_err());
-    save("containerd-1.6.20-stuck.json", &ctd.status_info(&stuck.id));
+    check("containerd-1.6.20-stuck.json", ctd.status_info(&stuck.id));
     ctd.fail_del_with(None);
     ctd.stop_pod(&stuck.id).unwrap();
-    save("containerd-1.6.20-stopped.json", &ctd.status_info(&stuck.id));
+    check("containerd-1.6.20-stopped.json", ctd.status_info(&stuck.id));
 }
