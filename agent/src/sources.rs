@@ -129,7 +129,7 @@ fn host_local(config: &Config) -> Source {
     } else {
         let mut detail = found.join(", ");
         if !missing.is_empty() {
-            detail.push_str(&format!("; missing: {}", missing.join(", ")));
+            detail = format!("{detail}; missing: {}", missing.join(", "));
         }
         SourceState::Active(detail)
     };

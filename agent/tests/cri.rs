@@ -81,6 +81,11 @@ fn live_pods_are_kept_named_and_the_cri_source_is_active() {
     assert!(sources.lines().any(|l| l.starts_with("Kubernetes API") && l.contains("not built yet")), "{sources}");
     let scan = netreap(&ctd.netreap_args(), "scan");
     assert!(scan.contains("runtime yes") && scan.contains("pod nrc/nrc-web-1") && scan.contains("READY"), "{scan}");
+    let attachments = netreap(&["--metrics-addr".into(), agent.addr.to_string().into()], "attachments");
+    assert!(
+        pods.iter().all(|p| attachments.contains(&format!("{}  pod nrc/{}", p.id, p.name))),
+        "{attachments}"
+    );
 }
 
 /// containerd 1.6 treats a DEL error containing "not found" as success and
@@ -178,9 +183,9 @@ fn leaks_made_while_netreap_was_down_are_released_within_2s_of_its_start() {
     let took = released.map(|_| start.elapsed());
     assert!(took.is_some_and(|t| t <= Duration::from_secs(2)), "released {took:?} after start\n{}", second.log());
     assert!(ctd.reserved_by(&pods[2].id), "the live pod keeps its IP");
-    let releases = second.events_named("release");
-    assert!(releases.iter().all(|e| e["reason"] == "runtime_gone"), "{releases:?}");
-    assert_eq!(releases.len(), 2, "{releases:?}");
+    let release_events = second.events_named("release");
+    assert!(release_events.iter().all(|e| e["reason"] == "runtime_gone"), "{release_events:?}");
+    assert_eq!(release_events.len(), 2, "{release_events:?}");
 }
 
 #[test]
@@ -227,7 +232,8 @@ fn with_the_socket_gone_netreap_goes_on_on_kernel_evidence_and_says_so_once() {
 
     // The runtime comes back: said once again.
     ctd.spawn();
-    let back = wait_until(Duration::from_secs(5), || {
+    // Asked again at most every 5 s after a failure (daemon/runtime.rs).
+    let back = wait_until(Duration::from_secs(10), || {
         agent.events_named("source_changed").iter().filter(|e| e["active"] == true).count() == 2
     });
     assert!(back.is_some(), "{:?}", agent.events_named("source_changed"));

@@ -17,12 +17,19 @@ use crate::{
 /// The `source` label and event field of the runtime.
 pub const SOURCE: &str = "cri";
 
+/// After a failed attempt, reconciles go on without the runtime for this
+/// long before asking again: a wedged runtime must not add its timeout to
+/// every kernel-driven release.
+pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+
 pub struct RuntimeSource {
     witness: RuntimeWitness,
     /// Whether the last attempt reached it (None: not tried yet).
     reachable: Option<bool>,
     /// Stuck sandboxes already reported, by ID.
     stuck: BTreeMap<String, StuckSandbox>,
+    /// No attempt before this after a failure.
+    retry_at: Option<tokio::time::Instant>,
 }
 
 /// The pod a container ID belongs (or belonged) to, when the runtime says.
@@ -33,7 +40,7 @@ pub fn pod_of<'a>(obs: &'a Observations, container_id: &str) -> Option<&'a PodRe
 impl RuntimeSource {
     #[must_use]
     pub fn new(configured: Option<PathBuf>) -> Self {
-        Self { witness: RuntimeWitness::new(configured), reachable: None, stuck: BTreeMap::new() }
+        Self { witness: RuntimeWitness::new(configured), reachable: None, stuck: BTreeMap::new(), retry_at: None }
     }
 
     /// The runtime's view now, or None (not reachable: the engine decides on
@@ -47,8 +54,12 @@ impl RuntimeSource {
             }
             return Ok(None);
         }
+        if self.retry_at.is_some_and(|at| tokio::time::Instant::now() < at) {
+            return Ok(None);
+        }
         let result = self.witness.view().await;
         let reachable = result.is_ok();
+        self.retry_at = (!reachable).then(|| tokio::time::Instant::now() + RETRY_AFTER);
         if self.reachable != Some(reachable) {
             let detail = match &result {
                 Ok(v) => format!("{} on {}", v.runtime, self.witness.choice()),

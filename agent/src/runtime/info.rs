@@ -29,7 +29,7 @@ pub struct NetnsInfo {
 
 /// Reads the netns of a sandbox from a verbose `info` map.
 #[must_use]
-pub fn netns_info(info: &HashMap<String, String>) -> NetnsInfo {
+pub fn netns_info<S: std::hash::BuildHasher>(info: &HashMap<String, String, S>) -> NetnsInfo {
     let Some(doc) = info.get("info").and_then(|text| serde_json::from_str::<Value>(text).ok()) else {
         return NetnsInfo::default();
     };
@@ -52,7 +52,7 @@ pub fn netns_info(info: &HashMap<String, String>) -> NetnsInfo {
 /// info (containerd: `cniconfig.Networks[].Config.Name`, the loopback
 /// network left out). None when it does not say.
 #[must_use]
-pub fn cni_networks(info: &HashMap<String, String>) -> Option<Vec<String>> {
+pub fn cni_networks<S: std::hash::BuildHasher>(info: &HashMap<String, String, S>) -> Option<Vec<String>> {
     let doc: Value = serde_json::from_str(info.get("cniconfig")?).ok()?;
     let networks = doc.get("Networks")?.as_array()?;
     let names: Vec<String> = networks
