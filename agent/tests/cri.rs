@@ -152,9 +152,11 @@ fn a_notready_sandbox_with_a_live_netns_is_stuck_and_kept() {
     assert!(!ctd.reserved_by(&pod.id));
 }
 
-/// netreap is down while two pods are removed uncleanly: at its start, the
-/// runtime's word (sandbox gone) plus the kernel's (its IP in no live netns)
-/// release them without the 10 min orphan grace.
+/// netreap is down while pods are removed uncleanly: two it saw made (its
+/// saved bindings and the kernel's nsids tell their netns died), and two
+/// made and removed while it was down, which it never saw bound: for those
+/// the runtime's word (sandbox gone) plus the kernel's (the IP in no live
+/// netns) is what releases them, without the 10 min orphan grace.
 #[test]
 fn leaks_made_while_netreap_was_down_are_released_within_2s_of_its_start() {
     if !kernel_tests_possible() {
@@ -163,29 +165,38 @@ fn leaks_made_while_netreap_was_down_are_released_within_2s_of_its_start() {
     let _serial = serial();
     let ctd = Containerd::start("10.252.43.0/28");
     // A short in-flight grace: the pods are seconds old, and a reservation
-    // younger than it is kept whatever the runtime says.
+    // younger than it (whose ADD netreap did not see) is kept whatever the
+    // runtime says.
     let grace = ["--in-flight-grace", "2s"];
     let mut first = agent(&ctd, &grace);
-    let pods = [ctd.run_pod("nrc-a"), ctd.run_pod("nrc-b"), ctd.run_pod("nrc-live")];
+    let seen = [ctd.run_pod("nrc-seen-a"), ctd.run_pod("nrc-seen-b")];
+    let live = ctd.run_pod("nrc-live");
     first.stop();
+    let unseen = [ctd.run_pod("nrc-unseen-a"), ctd.run_pod("nrc-unseen-b")];
     ctd.fail_del_with(Some("injected: device not found"));
-    for pod in &pods[..2] {
+    for pod in seen.iter().chain(&unseen) {
         ctd.stop_pod(&pod.id).expect("stop (not found counts as success)");
         ctd.remove_pod(&pod.id).expect("remove");
-        assert!(ctd.reserved_by(&pod.id), "the uncleanly removed pod leaked its IP");
+        assert!(ctd.reserved_by(&pod.id), "the uncleanly removed pod {} leaked its IP", pod.name);
     }
     ctd.fail_del_with(None);
     std::thread::sleep(Duration::from_millis(2100));
 
     let start = Instant::now();
     let second = agent(&ctd, &grace);
-    let released = wait_until(Duration::from_secs(5), || pods[..2].iter().all(|p| !ctd.reserved_by(&p.id)));
+    let leaked: Vec<_> = seen.iter().chain(&unseen).collect();
+    let released = wait_until(Duration::from_secs(5), || leaked.iter().all(|p| !ctd.reserved_by(&p.id)));
     let took = released.map(|_| start.elapsed());
     assert!(took.is_some_and(|t| t <= Duration::from_secs(2)), "released {took:?} after start\n{}", second.log());
-    assert!(ctd.reserved_by(&pods[2].id), "the live pod keeps its IP");
+    assert!(ctd.reserved_by(&live.id), "the live pod keeps its IP");
+    wait_until(Duration::from_secs(2), || second.events_named("release").len() >= 4);
     let release_events = second.events_named("release");
-    assert!(release_events.iter().all(|e| e["reason"] == "runtime_gone"), "{release_events:?}");
-    assert_eq!(release_events.len(), 2, "{release_events:?}");
+    for pod in &unseen {
+        let ip_of_pod = release_events.iter().find(|e| e["container_id"] == pod.id.as_str());
+        let e = ip_of_pod.unwrap_or_else(|| panic!("no release of {}: {release_events:?}", pod.name));
+        assert_eq!(e["reason"], "runtime_gone", "{e}");
+    }
+    assert_eq!(release_events.len(), 4, "{release_events:?}");
 }
 
 #[test]

@@ -148,7 +148,7 @@ fn stuck_event(s: &StuckSandbox) -> serde_json::Value {
         "pod": s.pod.as_ref().map(ToString::to_string),
         "pod_uid": s.pod.as_ref().map(|p| p.uid.clone()),
         "netns": s.netns,
-        "netns_inode": s.live.map(|id| id.inode),
+        "netns_inode": s.live.and_then(|id| id.inode),
         "netns_closed_by_runtime": s.netns_closed,
         "detail": s.to_string(),
     })

@@ -96,10 +96,7 @@ fn has(v: &Verdict, pred: impl Fn(&Fact) -> bool) -> bool {
 
 fn live_at(inode: u64, path: &str, addrs: &[&str]) -> LiveNetns {
     LiveNetns {
-        id: NetnsId {
-            inode,
-            nsid: Some(1),
-        },
+        id: NetnsId::new(Some(inode), Some(1), None),
         container_ids: Vec::new(),
         addresses: addrs.iter().map(|a| ip(a)).collect(),
         paths: vec![PathBuf::from(path)],
@@ -156,10 +153,7 @@ fn a_notready_sandbox_with_its_netns_alive_is_kept_and_stuck() {
     let stuck = stuck_sandboxes(&obs);
     assert_eq!(
         stuck[0].live,
-        Some(NetnsId {
-            inode: 5,
-            nsid: Some(1)
-        })
+        Some(NetnsId::new(Some(5), Some(1), None))
     );
     assert!(stuck[0].to_string().contains("stuck"), "{}", stuck[0]);
 }
@@ -281,10 +275,7 @@ fn runtime_facts_round_trip_through_json() {
     let fact = Fact::Runtime(RuntimeFact::SandboxStuck {
         pod: Some(pod("web")),
         netns: Some("/var/run/netns/cni-1".into()),
-        live: Some(NetnsId {
-            inode: 9,
-            nsid: Some(3),
-        }),
+        live: Some(NetnsId::new(Some(9), Some(3), None)),
     });
     let json = serde_json::to_value(&fact).unwrap();
     assert_eq!(json["fact"], "runtime");
@@ -313,7 +304,7 @@ fn a_time() -> impl Strategy<Value = SystemTime> {
     (0u64..=NOW_SECS + 5).prop_map(t)
 }
 fn a_netns_id() -> impl Strategy<Value = NetnsId> {
-    (1u64..4, prop::option::of(0i32..3)).prop_map(|(inode, nsid)| NetnsId { inode, nsid })
+    (1u64..4, prop::option::of(0i32..3)).prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
 }
 fn a_live() -> impl Strategy<Value = LiveNetns> {
     (
