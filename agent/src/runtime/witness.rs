@@ -19,7 +19,7 @@ use crate::engine::{PodRef, RuntimeView, SandboxState};
 
 /// How many departed sandboxes' pod names are remembered (for naming pods
 /// in release events after the runtime forgot them).
-const DEPARTED_KEPT: usize = 4096;
+const DEPARTED_KEPT: usize = 1024;
 
 /// The runtime as a source: where it is, and what was learnt that does not
 /// change.
