@@ -153,3 +153,78 @@ fn stuck_event(s: &StuckSandbox) -> serde_json::Value {
         "detail": s.to_string(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{RuntimeSandbox, SandboxState};
+
+    fn events_in(dir: &tempfile::TempDir) -> (EventStream, std::path::PathBuf) {
+        let path = dir.path().join("events.jsonl");
+        (EventStream::file(&path).unwrap(), path)
+    }
+
+    fn named(path: &std::path::Path, name: &str) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == name)
+            .collect()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_unreachable_runtime_is_said_once_and_then_asked_only_after_a_pause() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut events, path) = events_in(&dir);
+        let metrics = Metrics::default();
+        let mut source = RuntimeSource::new(Some(dir.path().join("no-such.sock")));
+        for _ in 0..3 {
+            assert!(source.view(&mut events, &metrics).await.unwrap().is_none());
+        }
+        events.sync().unwrap();
+        let changes = named(&path, "source_changed");
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(changes[0]["active"], false);
+        assert!(source.retry_at.is_some(), "backs off after a failure");
+        assert!(metrics.encode().contains("netreap_source_active{source=\"cri\"} 0"));
+    }
+
+    #[test]
+    fn stuck_sandboxes_are_reported_when_they_start_and_stop_being_stuck() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut events, path) = events_in(&dir);
+        let metrics = Metrics::default();
+        let mut source = RuntimeSource::new(None);
+        let stuck = RuntimeSandbox {
+            id: "c1".into(),
+            state: SandboxState::NotReady,
+            pod: Some(PodRef { namespace: "ns".into(), name: "web".into(), uid: String::new() }),
+            netns: Some("/run/netns/cni-1".into()),
+            netns_closed: Some(false),
+        };
+        let view = |sandboxes: Vec<RuntimeSandbox>| RuntimeView {
+            runtime: "test".into(),
+            listed_at: SystemTime::now(),
+            sandboxes: sandboxes.into_iter().map(|s| (s.id.clone(), s)).collect(),
+            networks: None,
+            departed: BTreeMap::new(),
+        };
+        let mut obs = Observations::default();
+        obs.set_runtime(Some(view(vec![stuck.clone()])));
+        source.report_stuck(&obs, &mut events, &metrics).unwrap();
+        source.report_stuck(&obs, &mut events, &metrics).unwrap();
+        assert!(metrics.encode().contains("netreap_sandboxes_stuck 1"));
+        // Unreachable: nothing new is known, nothing said.
+        obs.set_runtime(None);
+        source.report_stuck(&obs, &mut events, &metrics).unwrap();
+        obs.set_runtime(Some(view(vec![RuntimeSandbox { netns_closed: Some(true), ..stuck }])));
+        source.report_stuck(&obs, &mut events, &metrics).unwrap();
+        events.sync().unwrap();
+        let reported = named(&path, "sandbox_stuck");
+        assert_eq!(reported.len(), 1, "{reported:?}");
+        assert_eq!(reported[0]["pod"], "ns/web");
+        assert_eq!(named(&path, "sandbox_unstuck").len(), 1);
+        assert!(metrics.encode().contains("netreap_sandboxes_stuck 0"));
+    }
+}
