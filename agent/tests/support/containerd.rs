@@ -422,6 +422,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             let _ = Command::new("umount").args(["-l", &m]).status();
         }
         let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
+        // The CRI's parent cgroups (empty once its pods are gone; rmdir of a
+        // cgroup still in use by anyone fails, which is what we want).
+        if let Ok(controllers) = std::fs::read_dir("/sys/fs/cgroup") {
+            for c in controllers.filter_map(Result::ok) {
+                let _ = std::fs::remove_dir(c.path().join("k8s.io"));
+            }
+        }
+        let _ = std::fs::remove_dir("/sys/fs/cgroup/k8s.io");
         // libcni's cache of this network in the host's /var/lib/cni.
         if let Ok(entries) = std::fs::read_dir("/var/lib/cni/results") {
             for e in entries.filter_map(Result::ok) {
