@@ -10,17 +10,32 @@ use std::time::{Duration, Instant};
 
 use netreap::kernel::{events::KernelEvent, probes::Probes, stream::KernelStream};
 
+/// The marker `cargo xtask test` counts: a test that returned early
+/// because the machine lacks something is reported as skipped, never as
+/// passed.
+pub const SKIP_MARKER: &str = "netreap-test-skip:";
+
+/// A test cannot run here, for `reason`. Under CI (`CI=true`, set by
+/// `.ci/run`) that is a failure: CI machines are root with every package
+/// installed, so a test that would skip there hides a broken set-up.
+/// Elsewhere it prints the marker and returns false (the caller returns).
+pub fn skip(reason: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("this test must run under CI, but: {reason}");
+    }
+    eprintln!("{SKIP_MARKER} {reason}");
+    false
+}
+
 /// Kernel tests need root and BTF; on these machines CI is root, so they run.
 /// Elsewhere they say why they skip.
 pub fn kernel_tests_possible() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: needs root (CAP_BPF, CAP_SYS_ADMIN) to load eBPF probes");
-        return false;
+        return skip("needs root (CAP_BPF, CAP_SYS_ADMIN) to load eBPF probes");
     }
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        eprintln!("skip: kernel has no BTF (/sys/kernel/btf/vmlinux)");
-        return false;
+        return skip("kernel has no BTF (/sys/kernel/btf/vmlinux)");
     }
     true
 }
