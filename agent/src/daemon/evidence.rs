@@ -248,6 +248,9 @@ mod tests {
                 netns: Some(v(netns)),
                 ifname: Some(v("eth0")),
                 env_scan_limited: false,
+                env_scanned: 10,
+                uid: 0,
+                scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
             },
         };
         ledger.observe(&exec, t, &Inode(inode));

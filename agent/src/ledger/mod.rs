@@ -308,6 +308,9 @@ mod tests {
                 netns: Some(v("/var/run/netns/cni-1")),
                 ifname: Some(v("eth0")),
                 env_scan_limited: false,
+                env_scanned: 10,
+                uid: 0,
+                scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
             },
         }
     }
