@@ -131,6 +131,19 @@ pub fn observations(
             });
         }
     }
+    // Runs whose environment was not read to CNI_CONTAINERID: unknown, so
+    // in flight for every container (the engine's wildcard).
+    for op in ledger.unattributed_runs() {
+        obs.cni_ops.push(CniOp {
+            container_id: None,
+            container_id_truncated: false,
+            command: op.command.clone(),
+            plugin: op.plugin.clone(),
+            started_at: op.started_at,
+            finished_at: op.finished_at,
+            exit_code: None,
+        });
+    }
     add_cache_bindings(&mut obs, snapshot, ledger, cache);
     obs
 }

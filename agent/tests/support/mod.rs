@@ -37,7 +37,11 @@ pub struct Watch {
 }
 
 pub fn watch() -> Watch {
-    let mut probes = Probes::load().expect("probes load on this kernel");
+    watch_with(Probes::load().expect("probes load on this kernel"))
+}
+
+/// A watch on probes loaded some other way (e.g. [`Probes::load_variants`]).
+pub fn watch_with(mut probes: Probes) -> Watch {
     let stream = KernelStream::new(&mut probes).expect("ring buffer stream");
     Watch { probes, stream, pending: std::collections::VecDeque::new() }
 }
