@@ -10,11 +10,8 @@ use std::{
     time::Duration,
 };
 
-use netreap::kernel::{
-    events::{EnvScanVariant, KernelEvent, NetnsVia},
-    probes::Probes,
-};
-use support::{kernel_tests_possible, runtime, unique, watch};
+use netreap::kernel::events::{EnvScanVariant, KernelEvent, NetnsVia};
+use support::{both_scans, kernel_tests_possible, runtime, unique, watch};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -284,21 +281,6 @@ fn non_cni_processes_are_filtered_in_the_kernel_and_long_values_are_flagged() {
         assert!(long_id.starts_with(&id.value) && !id.value.is_empty(), "prefix kept");
         assert!(exec.netns.is_none(), "absent CNI_NETNS is None, not empty");
     });
-}
-
-/// Probes with the bpf_loop scan (where the kernel has it) and with the
-/// tail-call scan that 5.10 runs: both must report the same runs.
-fn both_scans() -> Vec<(&'static str, support::Watch)> {
-    let mut out = Vec::new();
-    let primary = Probes::load().expect("probes load on this kernel");
-    let name = primary.implementation("netreap_cni_exec").expect("an environment scan is active");
-    out.push((name, support::watch_with(primary)));
-    if name != "tail_calls" {
-        let tail = Probes::load_variants().expect("the tail-call scan loads on this kernel");
-        assert_eq!(tail.implementation("netreap_cni_exec"), Some("tail_calls"));
-        out.push(("tail_calls", support::watch_with(tail)));
-    }
-    out
 }
 
 /// Runs the fake plugin with `fillers` variables that sort before the CNI_
