@@ -70,6 +70,10 @@ struct EnvScan {
     /// The previous read was cut: `p` is inside the same string.
     continuing: u64,
     scanned: u64,
+    /// Slot of ENV_TAIL to call next (always TAIL_NEXT). Read from this map
+    /// value, the verifier cannot know it: the tail call stays an indirect
+    /// one, never a JIT-patched direct jump (poke), which hung 5.10.
+    tail_slot: u64,
 }
 
 /// A `KEY=` prefix as two little-endian words, the second masked to the
@@ -199,7 +203,7 @@ fn begin(variant: u32) -> Result<EnvScan, i64> {
     data.netns[0] = 0;
     data.ifname[0] = 0;
     data.filename[0] = 0;
-    Ok(EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0 })
+    Ok(EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0, tail_slot: u64::from(TAIL_NEXT) })
 }
 
 /// Ends a scan: emits the record when this is a CNI run (or may be one,
@@ -311,7 +315,7 @@ fn scan_chunk(ctx: &TracePointContext) -> Result<u32, i64> {
     if more && scan.p < scan.end {
         // SAFETY: a tail call replaces this program run; it returns only
         // when it fails (no more tail calls allowed, or an empty slot).
-        unsafe { ENV_TAIL.tail_call(ctx, TAIL_NEXT) };
+        unsafe { ENV_TAIL.tail_call(ctx, scan.tail_slot as u32) };
     }
     // Done, or the chain ran out: finish flags a scan that stopped early.
     let scan = *scan;
