@@ -208,17 +208,20 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
 pub fn log_probe_status(probes: &Probes) {
     for s in &probes.status {
         match &s.state {
-            ProbeState::Active => match &s.implementation {
-                Some(i) => info!(
-                    probe = s.spec.program,
-                    attach = %s.spec.attach,
-                    implementation = i.active,
-                    primary_refused = i.primary_refused.as_deref(),
-                    limits = i.note,
-                    "probe active"
-                ),
-                None => info!(probe = s.spec.program, attach = %s.spec.attach, "probe active"),
-            },
+            ProbeState::Active => {
+                if let Some(i) = &s.implementation {
+                    info!(
+                        probe = s.spec.program,
+                        attach = %s.spec.attach,
+                        implementation = i.active,
+                        primary_refused = i.primary_refused.as_deref(),
+                        limits = i.note,
+                        "probe active"
+                    );
+                } else {
+                    info!(probe = s.spec.program, attach = %s.spec.attach, "probe active");
+                }
+            }
             ProbeState::Unavailable(reason) => warn!(
                 probe = s.spec.program,
                 attach = %s.spec.attach,
