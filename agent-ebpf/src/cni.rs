@@ -24,8 +24,7 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use netreap_common::{
-    CniExecData, CniExitData, ENV_CHUNK, ENV_LOOP_STEPS, ENV_TAIL_STEPS, Event, cni_flag, kind,
-    scan_variant,
+    CniExecData, CniExitData, ENV_CHUNK, ENV_LOOP_STEPS, ENV_TAIL_STEPS, Event, cni_flag, kind, scan_variant,
 };
 
 use crate::{
@@ -98,11 +97,7 @@ const fn key(k: &[u8]) -> Key {
         i += 1;
     }
     let rest = k.len() - 8;
-    let mask1 = if rest >= 8 {
-        u64::MAX
-    } else {
-        (1u64 << (8 * rest)) - 1
-    };
+    let mask1 = if rest >= 8 { u64::MAX } else { (1u64 << (8 * rest)) - 1 };
     Key { w0, w1, mask1 }
 }
 
@@ -126,8 +121,7 @@ fn is(w0: u64, w1: u64, k: &Key) -> bool {
 #[inline(always)]
 fn read_user_str(dst: *mut u8, len: usize, src: u64) -> Result<usize, i64> {
     // SAFETY: the helper bounds the write by len and checks src.
-    let n =
-        unsafe { bpf_probe_read_user_str(dst.cast::<c_void>(), len as u32, src as *const c_void) };
+    let n = unsafe { bpf_probe_read_user_str(dst.cast::<c_void>(), len as u32, src as *const c_void) };
     if n < 0 { Err(n) } else { Ok(n as usize) }
 }
 
@@ -160,21 +154,15 @@ fn step(scan: &mut EnvScan, data: &mut CniExecData, chunk: &mut [u64; CHUNK_WORD
         let (w0, w1) = (chunk[0], chunk[1]);
         if w0 & 0xffff_ffff == CNI_PREFIX {
             if is(w0, w1, &COMMAND) {
-                data.flags |= cni_flag::HAS_COMMAND
-                    | copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
+                data.flags |= cni_flag::HAS_COMMAND | copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
             } else if is(w0, w1, &CONTAINER_ID) {
                 data.flags |= cni_flag::HAS_CONTAINER_ID
-                    | copy_value(
-                        &mut data.container_id,
-                        p + 16,
-                        cni_flag::CONTAINER_ID_TRUNCATED,
-                    );
+                    | copy_value(&mut data.container_id, p + 16, cni_flag::CONTAINER_ID_TRUNCATED);
             } else if is(w0, w1, &NETNS) {
-                data.flags |= cni_flag::HAS_NETNS
-                    | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
+                data.flags |= cni_flag::HAS_NETNS | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
             } else if is(w0, w1, &IFNAME) {
-                data.flags |= cni_flag::HAS_IFNAME
-                    | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
+                data.flags |=
+                    cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
             }
         }
     }
@@ -215,13 +203,7 @@ fn begin(variant: u32) -> Result<EnvScan, i64> {
     data.netns[0] = 0;
     data.ifname[0] = 0;
     data.filename[0] = 0;
-    Ok(EnvScan {
-        p: env_start,
-        end: env_end,
-        continuing: 0,
-        scanned: 0,
-        tail_slot: u64::from(TAIL_NEXT),
-    })
+    Ok(EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0, tail_slot: u64::from(TAIL_NEXT) })
 }
 
 /// Ends a scan: emits the record when this is a CNI run (or may be one,
@@ -269,8 +251,7 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
 extern "C" fn loop_step(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: ctx is the EnvScan on try_cni_exec's stack.
     let scan = unsafe { &mut *ctx.cast::<EnvScan>() };
-    let (Some(event), Some(chunk)) = (EXEC_SCRATCH.get_ptr_mut(0), ENV_SCRATCH.get_ptr_mut(0))
-    else {
+    let (Some(event), Some(chunk)) = (EXEC_SCRATCH.get_ptr_mut(0), ENV_SCRATCH.get_ptr_mut(0)) else {
         return 1;
     };
     // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
@@ -291,12 +272,7 @@ fn try_cni_exec(ctx: &TracePointContext) -> Result<u32, i64> {
     // an open-coded loop of this size exceeds its budget.
     // SAFETY: the callback is a static function; the context lives on this stack.
     unsafe {
-        bpf_loop(
-            ENV_LOOP_STEPS,
-            loop_step as *mut c_void,
-            (&raw mut scan).cast::<c_void>(),
-            0,
-        );
+        bpf_loop(ENV_LOOP_STEPS, loop_step as *mut c_void, (&raw mut scan).cast::<c_void>(), 0);
     }
     finish(ctx, &scan)
 }
@@ -375,10 +351,7 @@ fn try_cni_exit() -> Result<u32, i64> {
     let exit_status: u32 = read(current_task(), off.task_exit_code)?;
     let event = Event {
         header: header(kind::CNI_EXIT, size_of::<Event<CniExitData>>()),
-        data: CniExitData {
-            exit_status,
-            _pad: 0,
-        },
+        data: CniExitData { exit_status, _pad: 0 },
     };
     output(&event);
     Ok(0)

@@ -47,10 +47,7 @@ fn preconditions() -> bool {
     if !kernel_tests_possible() {
         return false;
     }
-    assert!(
-        cni_plugins_present(),
-        "Debian's containernetworking-plugins are needed (cargo xtask test installs them)"
-    );
+    assert!(cni_plugins_present(), "Debian's containernetworking-plugins are needed (cargo xtask test installs them)");
     true
 }
 
@@ -82,54 +79,25 @@ fn a_failed_chained_add_binds_its_container_to_its_netns() {
             // bridge + host-local succeed, then the chained plugin fails ADD.
             let net = lab.network(&unique("nrEnet"), "host-local", &["failing"]);
             assert!(lab.add(&net, &pod).is_err(), "the chained plugin fails ADD");
-            assert_eq!(
-                lab.reservations(&net.name).len(),
-                1,
-                "host-local kept the IP (the leak)"
-            );
+            assert_eq!(lab.reservations(&net.name).len(), 1, "host-local kept the IP (the leak)");
 
             let filter = filter_for(&lab);
             let mut ledger = Ledger::new();
             let failing = lab.plugin_dir().join("failing").display().to_string();
             let cid = pod.container_id.clone();
-            feed_until(
-                &mut w,
-                &filter,
-                &mut ledger,
-                "the failing plugin's exit",
-                |l| {
-                    l.get(&cid).is_some_and(|a| {
-                        a.operations
-                            .iter()
-                            .any(|op| op.plugin == failing && !op.in_flight())
-                    })
-                },
-            )
+            feed_until(&mut w, &filter, &mut ledger, "the failing plugin's exit", |l| {
+                l.get(&cid).is_some_and(|a| a.operations.iter().any(|op| op.plugin == failing && !op.in_flight()))
+            })
             .await;
             let a = ledger.get(&cid).unwrap();
-            assert_eq!(
-                a.netns_inode,
-                Some(inode),
-                "{scan}: bound to the pod's netns"
-            );
-            assert_eq!(
-                a.netns_path.as_deref(),
-                Some(pod.path.to_str().unwrap()),
-                "{scan}"
-            );
+            assert_eq!(a.netns_inode, Some(inode), "{scan}: bound to the pod's netns");
+            assert_eq!(a.netns_path.as_deref(), Some(pod.path.to_str().unwrap()), "{scan}");
             let op = a.operations.iter().find(|op| op.plugin == failing).unwrap();
             assert_eq!(op.command, "ADD", "{scan}");
             assert_eq!(op.result(), "failure", "{scan}");
-            let bridge = a
-                .operations
-                .iter()
-                .find(|op| op.plugin.ends_with("/bridge"))
-                .expect("bridge ADD recorded");
+            let bridge = a.operations.iter().find(|op| op.plugin.ends_with("/bridge")).expect("bridge ADD recorded");
             assert_eq!(bridge.result(), "success", "{scan}");
-            assert!(
-                !a.in_flight(),
-                "{scan}: nothing in flight once the plugins exited"
-            );
+            assert!(!a.in_flight(), "{scan}: nothing in flight once the plugins exited");
         }
     });
 }
@@ -150,9 +118,7 @@ fn forge(binary: &Path, args: &[&str], container: &str, netns: &str, uid: Option
     if let Some(uid) = uid {
         cmd.uid(uid).gid(uid);
     }
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
     let pid = child.id();
     child.wait().expect("forged run exits");
     pid
@@ -173,8 +139,7 @@ fn forged_cni_runs_change_nothing_in_the_ledger() {
         let mut ledger = Ledger::new();
         let cid = pod.container_id.clone();
         feed_until(&mut w, &filter, &mut ledger, "the real ADD's runs", |l| {
-            l.get(&cid)
-                .is_some_and(|a| a.operations.len() >= 2 && !a.in_flight())
+            l.get(&cid).is_some_and(|a| a.operations.len() >= 2 && !a.in_flight())
         })
         .await;
         let before = ledger.snapshot();
@@ -182,28 +147,14 @@ fn forged_cni_runs_change_nothing_in_the_ledger() {
         // A copy of a real plugin outside the bin dirs, a shell, and a real
         // plugin in a bin dir run by a user other than root.
         let elsewhere = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(
-            elsewhere.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
-        )
-        .unwrap();
+        std::fs::set_permissions(elsewhere.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
         let copy = elsewhere.path().join("bridge");
         std::fs::copy(Path::new(DEBIAN_PLUGINS).join("bridge"), &copy).expect("copy bridge");
         let other_netns = format!("/var/run/netns/{}", unique("nrEgone"));
         let forged = [
             (copy.clone(), vec![], None, "outside_bin_dirs"),
-            (
-                PathBuf::from("/bin/sh"),
-                vec!["-c", "exit 0"],
-                None,
-                "outside_bin_dirs",
-            ),
-            (
-                Path::new(DEBIAN_PLUGINS).join("loopback"),
-                vec![],
-                Some(65534),
-                "not_root",
-            ),
+            (PathBuf::from("/bin/sh"), vec!["-c", "exit 0"], None, "outside_bin_dirs"),
+            (Path::new(DEBIAN_PLUGINS).join("loopback"), vec![], Some(65534), "not_root"),
         ];
         for (binary, args, uid, reason) in forged {
             let pid = forge(&binary, &args, &cid, &other_netns, uid);
@@ -219,18 +170,8 @@ fn forged_cni_runs_change_nothing_in_the_ledger() {
             })
             .await;
             let anomaly = anomaly.unwrap_or_else(|| panic!("{}: no exec record", binary.display()));
-            assert_eq!(
-                anomaly.map_err(|a| a.reason()),
-                Err(reason),
-                "{}",
-                binary.display()
-            );
-            assert_eq!(
-                ledger.snapshot(),
-                before,
-                "{}: the ledger is unchanged",
-                binary.display()
-            );
+            assert_eq!(anomaly.map_err(|a| a.reason()), Err(reason), "{}", binary.display());
+            assert_eq!(ledger.snapshot(), before, "{}: the ledger is unchanged", binary.display());
         }
         assert!(!ledger.is_running(std::process::id()), "nothing in flight");
         assert_eq!(ledger.unattributed_runs().count(), 0);

@@ -60,9 +60,7 @@ pub struct CniRunFilter {
 impl CniRunFilter {
     #[must_use]
     pub fn new(bin_dirs: &[PathBuf]) -> Self {
-        Self {
-            bin_dirs: bin_dirs.iter().map(|d| d.components().collect()).collect(),
-        }
+        Self { bin_dirs: bin_dirs.iter().map(|d| d.components().collect()).collect() }
     }
 
     /// Ok for every event that is not a CNI exec, and for a CNI exec of a
@@ -90,18 +88,11 @@ impl CniRunFilter {
             return Err(CniRunAnomaly::UncheckablePath { binary });
         }
         // The binary itself must be below the dir, not the dir.
-        if !self
-            .bin_dirs
-            .iter()
-            .any(|dir| path.starts_with(dir) && path != dir)
-        {
+        if !self.bin_dirs.iter().any(|dir| path.starts_with(dir) && path != dir) {
             return Err(CniRunAnomaly::OutsideBinDirs { binary });
         }
         if exec.uid != 0 {
-            return Err(CniRunAnomaly::NotRoot {
-                binary,
-                uid: exec.uid,
-            });
+            return Err(CniRunAnomaly::NotRoot { binary, uid: exec.uid });
         }
         Ok(())
     }
@@ -113,18 +104,9 @@ mod tests {
     use crate::kernel::events::{CniValue, EnvScanVariant, Task};
 
     fn exec(binary: &str, uid: u32) -> KernelEvent {
-        let v = |s: &str| CniValue {
-            value: s.into(),
-            truncated: false,
-        };
+        let v = |s: &str| CniValue { value: s.into(), truncated: false };
         KernelEvent::CniExec {
-            task: Task {
-                ktime_ns: 1,
-                pid: 5,
-                tgid: 5,
-                comm: "x".into(),
-                cgroup_id: 1,
-            },
+            task: Task { ktime_ns: 1, pid: 5, tgid: 5, comm: "x".into(), cgroup_id: 1 },
             exec: CniExec {
                 binary: v(binary),
                 command: v("DEL"),
@@ -147,10 +129,7 @@ mod tests {
     fn root_runs_of_binaries_in_the_bin_dirs_are_admitted() {
         assert_eq!(filter().admit(&exec("/opt/cni/bin/bridge", 0)), Ok(()));
         assert_eq!(filter().admit(&exec("/usr/lib/cni/host-local", 0)), Ok(()));
-        assert_eq!(
-            filter().admit(&exec("/opt/cni/bin/sub/dir/plugin", 0)),
-            Ok(())
-        );
+        assert_eq!(filter().admit(&exec("/opt/cni/bin/sub/dir/plugin", 0)), Ok(()));
     }
 
     #[test]
@@ -158,49 +137,23 @@ mod tests {
         let f = filter();
         let reason = |b: &str, uid| f.admit(&exec(b, uid)).map_err(|e| e.reason());
         assert_eq!(reason("/bin/sh", 0), Err("outside_bin_dirs"));
-        assert_eq!(
-            reason("/tmp/usr/lib/cni/bridge", 0),
-            Err("outside_bin_dirs")
-        );
-        assert_eq!(
-            reason("/opt/cni/binx/bridge", 0),
-            Err("outside_bin_dirs"),
-            "a sibling with the same prefix"
-        );
-        assert_eq!(
-            reason("/opt/cni/bin", 0),
-            Err("outside_bin_dirs"),
-            "the dir itself"
-        );
-        assert_eq!(
-            reason("/opt/cni/bin/../../../tmp/evil", 0),
-            Err("uncheckable_path")
-        );
+        assert_eq!(reason("/tmp/usr/lib/cni/bridge", 0), Err("outside_bin_dirs"));
+        assert_eq!(reason("/opt/cni/binx/bridge", 0), Err("outside_bin_dirs"), "a sibling with the same prefix");
+        assert_eq!(reason("/opt/cni/bin", 0), Err("outside_bin_dirs"), "the dir itself");
+        assert_eq!(reason("/opt/cni/bin/../../../tmp/evil", 0), Err("uncheckable_path"));
         assert_eq!(reason("/opt/cni/bin/./bridge", 0), Err("uncheckable_path"));
         assert_eq!(reason("bridge", 0), Err("uncheckable_path"));
         assert_eq!(reason("./opt/cni/bin/bridge", 0), Err("uncheckable_path"));
         assert_eq!(reason("/opt/cni/bin/bridge", 1000), Err("not_root"));
-        let KernelEvent::CniExec { task, mut exec } = exec("/opt/cni/bin/bridge", 0) else {
-            unreachable!()
-        };
+        let KernelEvent::CniExec { task, mut exec } = exec("/opt/cni/bin/bridge", 0) else { unreachable!() };
         exec.binary.truncated = true;
-        assert_eq!(
-            f.admit(&KernelEvent::CniExec { task, exec })
-                .map_err(|e| e.reason()),
-            Err("path_truncated")
-        );
+        assert_eq!(f.admit(&KernelEvent::CniExec { task, exec }).map_err(|e| e.reason()), Err("path_truncated"));
     }
 
     #[test]
     fn other_events_pass() {
         let exit = KernelEvent::CniExit {
-            task: Task {
-                ktime_ns: 1,
-                pid: 5,
-                tgid: 5,
-                comm: "x".into(),
-                cgroup_id: 1,
-            },
+            task: Task { ktime_ns: 1, pid: 5, tgid: 5, comm: "x".into(), cgroup_id: 1 },
             exit: crate::kernel::events::CniExit::from_wait_status(0),
         };
         assert_eq!(filter().admit(&exit), Ok(()));

@@ -41,18 +41,11 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<D
 fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     Some((code, body))
 }
 
@@ -79,28 +72,17 @@ impl Agent {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("agent starts");
-        let mut agent = Self {
-            child: Some(child),
-            addr,
-            events,
-            stderr,
-        };
+        let mut agent = Self { child: Some(child), addr, events, stderr };
         let ready = wait_until(Duration::from_secs(30), || {
             agent.exited().is_none() && http_get(addr, "/readyz").is_some_and(|(c, _)| c == 200)
         });
-        assert!(
-            ready.is_some(),
-            "agent not ready in 30 s; log:\n{}",
-            agent.log()
-        );
+        assert!(ready.is_some(), "agent not ready in 30 s; log:\n{}", agent.log());
         agent
     }
 
     /// Exit status if the process has ended.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten())
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
@@ -126,22 +108,15 @@ impl Agent {
     }
 
     pub fn events_named(&self, name: &str) -> Vec<Value> {
-        self.events()
-            .into_iter()
-            .filter(|e| e["event"] == name)
-            .collect()
+        self.events().into_iter().filter(|e| e["event"] == name).collect()
     }
 
     pub fn state(&self) -> Value {
-        http_get(self.addr, "/state")
-            .and_then(|(_, b)| serde_json::from_str(&b).ok())
-            .unwrap_or(Value::Null)
+        http_get(self.addr, "/state").and_then(|(_, b)| serde_json::from_str(&b).ok()).unwrap_or(Value::Null)
     }
 
     pub fn metrics(&self) -> String {
-        http_get(self.addr, "/metrics")
-            .map(|(_, b)| b)
-            .unwrap_or_default()
+        http_get(self.addr, "/metrics").map(|(_, b)| b).unwrap_or_default()
     }
 
     /// SIGTERM and wait; returns the exit status.
@@ -163,11 +138,7 @@ impl Drop for Agent {
         if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-            if wait_until(Duration::from_secs(10), || {
-                c.try_wait().ok().flatten().is_some()
-            })
-            .is_none()
-            {
+            if wait_until(Duration::from_secs(10), || c.try_wait().ok().flatten().is_some()).is_none() {
                 let _ = c.kill();
                 let _ = c.wait();
             }

@@ -18,22 +18,15 @@ pub const DEBIAN_PLUGINS: &str = "/usr/lib/cni";
 
 /// CNI plugin binaries from Debian's containernetworking-plugins.
 pub fn cni_plugins_present() -> bool {
-    let ok = ["bridge", "host-local"]
-        .iter()
-        .all(|p| Path::new(DEBIAN_PLUGINS).join(p).is_file());
+    let ok = ["bridge", "host-local"].iter().all(|p| Path::new(DEBIAN_PLUGINS).join(p).is_file());
     if !ok {
-        eprintln!(
-            "skip: Debian's containernetworking-plugins are not installed (cargo xtask test installs them)"
-        );
+        eprintln!("skip: Debian's containernetworking-plugins are not installed (cargo xtask test installs them)");
     }
     ok
 }
 
 fn ip(args: &[&str]) -> bool {
-    Command::new("ip")
-        .args(args)
-        .status()
-        .is_ok_and(|s| s.success())
+    Command::new("ip").args(args).status().is_ok_and(|s| s.success())
 }
 
 /// Test plugins, as shell scripts.
@@ -82,18 +75,13 @@ impl Lab {
     pub fn new(subnet: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let bridge = unique("nrbr");
-        assert!(
-            ip(&["link", "add", &bridge, "type", "bridge"]),
-            "create bridge {bridge}"
-        );
+        assert!(ip(&["link", "add", &bridge, "type", "bridge"]), "create bridge {bridge}");
         assert!(ip(&["link", "set", &bridge, "up"]), "bridge up");
         let plugins = dir.path().join("plugins");
         std::fs::create_dir_all(&plugins).expect("plugins dir");
-        for (name, body) in [
-            ("failing", FAILING_PLUGIN),
-            ("slow-ipam", SLOW_IPAM_PLUGIN),
-            ("slow-chain", SLOW_CHAIN_PLUGIN),
-        ] {
+        for (name, body) in
+            [("failing", FAILING_PLUGIN), ("slow-ipam", SLOW_IPAM_PLUGIN), ("slow-chain", SLOW_CHAIN_PLUGIN)]
+        {
             let path = plugins.join(name);
             std::fs::write(&path, body).expect("write plugin");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -104,19 +92,8 @@ impl Lab {
         for d in [&data_dir, &cache_dir, &state_dir] {
             std::fs::create_dir_all(d).expect("lab dir");
         }
-        let runtime = Runtime {
-            plugin_dirs: vec![plugins, PathBuf::from(DEBIAN_PLUGINS)],
-            cache_dir: Some(cache_dir.clone()),
-        };
-        Self {
-            dir,
-            bridge,
-            subnet: subnet.to_owned(),
-            runtime,
-            data_dir,
-            cache_dir,
-            state_dir,
-        }
+        let runtime = Runtime { plugin_dirs: vec![plugins, PathBuf::from(DEBIAN_PLUGINS)], cache_dir: Some(cache_dir.clone()) };
+        Self { dir, bridge, subnet: subnet.to_owned(), runtime, data_dir, cache_dir, state_dir }
     }
 
     /// The bridge plugin's config with `ipam_type` (host-local or slow-ipam).
@@ -138,35 +115,23 @@ impl Lab {
     pub fn network(&self, name: &str, ipam_type: &str, chained: &[&str]) -> Network {
         let mut plugins = vec![self.bridge_conf(ipam_type)];
         plugins.extend(chained.iter().map(|t| json!({ "type": t })));
-        Network {
-            name: name.to_owned(),
-            plugins,
-        }
+        Network { name: name.to_owned(), plugins }
     }
 
     pub fn set_delay(&self, which: &str, seconds: u32) {
-        std::fs::write(
-            self.dir.path().join(format!("{which}-seconds")),
-            seconds.to_string(),
-        )
-        .expect("delay file");
+        std::fs::write(self.dir.path().join(format!("{which}-seconds")), seconds.to_string()).expect("delay file");
     }
 
     /// Reservation files of a network: (ip, container id).
     pub fn reservations(&self, network: &str) -> Vec<(String, String)> {
-        let Ok(entries) = std::fs::read_dir(self.data_dir.join(network)) else {
-            return Vec::new();
-        };
+        let Ok(entries) = std::fs::read_dir(self.data_dir.join(network)) else { return Vec::new() };
         let mut out: Vec<(String, String)> = entries
             .filter_map(Result::ok)
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 name.parse::<std::net::IpAddr>().ok()?;
                 let content = std::fs::read_to_string(e.path()).ok()?;
-                Some((
-                    name,
-                    content.lines().next().unwrap_or_default().trim().to_owned(),
-                ))
+                Some((name, content.lines().next().unwrap_or_default().trim().to_owned()))
             })
             .collect();
         out.sort();
@@ -198,12 +163,7 @@ impl Lab {
     pub fn pod(&self) -> Pod {
         let name = unique("nrpod");
         assert!(ip(&["netns", "add", &name]), "create netns {name}");
-        Pod {
-            container_id: format!("{}{}", unique("ctr"), "0".repeat(40)),
-            path: PathBuf::from(format!("/var/run/netns/{name}")),
-            name,
-            deleted: false,
-        }
+        Pod { container_id: format!("{}{}", unique("ctr"), "0".repeat(40)), path: PathBuf::from(format!("/var/run/netns/{name}")), name, deleted: false }
     }
 
     pub fn add(&self, net: &Network, pod: &Pod) -> Result<Value, CniError> {
@@ -217,9 +177,7 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.bridge])
-            .status();
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).status();
     }
 }
 
@@ -233,11 +191,7 @@ pub struct Pod {
 
 impl Pod {
     pub fn attachment(&self) -> Attachment<'_> {
-        Attachment {
-            container_id: &self.container_id,
-            netns: &self.path,
-            ifname: "eth0",
-        }
+        Attachment { container_id: &self.container_id, netns: &self.path, ifname: "eth0" }
     }
 
     /// The netns was removed by other means.
@@ -247,11 +201,7 @@ impl Pod {
 
     /// Destroys the netns (no CNI DEL): what a runtime does after a failed teardown.
     pub fn delete_netns(&mut self) {
-        assert!(
-            ip(&["netns", "del", &self.name]),
-            "delete netns {}",
-            self.name
-        );
+        assert!(ip(&["netns", "del", &self.name]), "delete netns {}", self.name);
         self.deleted = true;
     }
 }
@@ -259,9 +209,7 @@ impl Pod {
 impl Drop for Pod {
     fn drop(&mut self) {
         if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .status();
+            let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
         }
     }
 }

@@ -25,10 +25,7 @@ pub fn kernel_tests_possible() -> bool {
 }
 
 pub fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime")
 }
 
 /// Loaded probes and their stream; keep `probes` alive while reading.
@@ -48,9 +45,7 @@ pub fn watch() -> Watch {
 pub fn both_scans() -> Vec<(&'static str, Watch)> {
     let mut out = Vec::new();
     let primary = Probes::load().expect("probes load on this kernel");
-    let name = primary
-        .implementation("netreap_cni_exec")
-        .expect("an environment scan is active");
+    let name = primary.implementation("netreap_cni_exec").expect("an environment scan is active");
     out.push((name, watch_with(primary)));
     if name != "tail_calls" {
         let tail = Probes::load_variants().expect("the tail-call scan loads on this kernel");
@@ -63,11 +58,7 @@ pub fn both_scans() -> Vec<(&'static str, Watch)> {
 /// A watch on probes loaded some other way (e.g. [`Probes::load_variants`]).
 pub fn watch_with(mut probes: Probes) -> Watch {
     let stream = KernelStream::new(&mut probes).expect("ring buffer stream");
-    Watch {
-        probes,
-        stream,
-        pending: std::collections::VecDeque::new(),
-    }
+    Watch { probes, stream, pending: std::collections::VecDeque::new() }
 }
 
 impl Watch {
@@ -91,13 +82,9 @@ impl Watch {
             let left = deadline.saturating_duration_since(Instant::now());
             let batch = match tokio::time::timeout(left, self.stream.next_batch()).await {
                 Ok(batch) => batch.expect("ring buffer readable"),
-                Err(_) => panic!(
-                    "timed out waiting for {what}; saw {} events: {seen:#?}",
-                    seen.len()
-                ),
+                Err(_) => panic!("timed out waiting for {what}; saw {} events: {seen:#?}", seen.len()),
             };
-            self.pending
-                .extend(batch.into_iter().map(|r| r.expect("kernel records decode")));
+            self.pending.extend(batch.into_iter().map(|r| r.expect("kernel records decode")));
         }
     }
 }
@@ -106,9 +93,5 @@ impl Watch {
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}{}x{}",
-        std::process::id() % 100_000,
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}{}x{}", std::process::id() % 100_000, N.fetch_add(1, Ordering::Relaxed))
 }

@@ -15,12 +15,7 @@ use netreap::netlink::{
 /// Runs `ip ARGS`, panicking with its stderr on failure.
 pub fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
 /// Runs many `ip` commands in one process (`ip -force -batch -`): every
@@ -32,18 +27,9 @@ pub fn ip_batch(commands: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run ip -batch");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(commands.as_bytes())
-        .expect("feed ip -batch");
+    child.stdin.take().expect("stdin").write_all(commands.as_bytes()).expect("feed ip -batch");
     let out = child.wait_with_output().expect("ip -batch");
-    assert!(
-        out.status.success(),
-        "ip -batch: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ip -batch: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// A plain `RTNLGRP_NSID` listener: when the kernel says each nsid died.
