@@ -180,7 +180,15 @@ fn short(e: &ProgramError) -> String {
     match e {
         ProgramError::LoadError { io_error, verifier_log } => {
             let log = verifier_log.to_string();
-            let tail: Vec<&str> = log.lines().rev().filter(|l| !l.trim().is_empty()).take(3).collect();
+            // The verifier ends with statistics lines; the reason is above them.
+            let is_stats = |l: &str| {
+                let l = l.trim();
+                l.is_empty()
+                    || l.starts_with("verification time")
+                    || l.starts_with("stack depth")
+                    || l.starts_with("processed ")
+            };
+            let tail: Vec<&str> = log.lines().rev().filter(|l| !is_stats(l)).take(3).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             if tail.is_empty() {
                 format!("BPF_PROG_LOAD: {io_error}")
