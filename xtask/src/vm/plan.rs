@@ -97,6 +97,18 @@ const KERNEL_FACING: &[KernelFacing] = &[
     },
     KernelFacing {
         kind: "test",
+        name: "cni_agent",
+        filters: &[],
+        must_pass: &["a_forged_del_is_an_anomaly_that_changes_nothing"],
+        needs: &["/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/sbin/ip"],
+        needs_why: "Debian's containernetworking-plugins or iproute2 are not installed on the host",
+        vm_skip_all: Some(
+            "an end-to-end agent run (runs on the host row); its kernel part runs in the guests in tests/cni_ledger.rs",
+        ),
+        vm_skip: &[],
+    },
+    KernelFacing {
+        kind: "test",
         name: "model",
         filters: &[],
         must_pass: &[],
@@ -341,6 +353,7 @@ mod tests {
                 t("bin", "netreap"),
                 t("test", "probes"),
                 t("test", "cni_ledger"),
+                t("test", "cni_agent"),
                 t("test", "model"),
                 t("test", "release"),
                 t("test", "reclaim"),
