@@ -35,7 +35,7 @@ fn wall(ktime_ns: u64) -> SystemTime {
 /// The agent's path for one record: the filter, then the ledger.
 fn feed(filter: &CniRunFilter, ledger: &mut Ledger, event: &KernelEvent) {
     if filter.admit(event).is_ok() {
-        ledger.observe(event, wall, &StatResolver);
+        ledger.observe(event, wall, &StatResolver::default());
     }
 }
 

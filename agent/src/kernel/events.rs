@@ -109,7 +109,7 @@ pub struct CniExec {
     pub scan_variant: EnvScanVariant,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CniExit {
     /// Exit code, when the process exited normally.
     pub exit_code: Option<i32>,
