@@ -69,3 +69,30 @@ fn a_forged_del_is_an_anomaly_that_changes_nothing() {
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(attachment(&agent, &cid).unwrap(), before, "the forged DEL changed nothing");
 }
+
+/// `netreap probes` names the environment scan that runs, and `--variants`
+/// loads the older kernels' one here with its limit. (In the qemu guests
+/// the runner's own `netreap probes` step checks the scan is named.)
+#[test]
+fn netreap_probes_names_the_environment_scan() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let probes = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_netreap")).arg("probes").args(args).output().expect("netreap runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let plain = probes(&[]);
+    assert!(
+        plain.contains("netreap_cni_exec: environment scan: bpf_loop\n")
+            || plain.contains("netreap_cni_exec: environment scan: tail_calls (bpf_loop not used: "),
+        "{plain}"
+    );
+    let variants = probes(&["--variants"]);
+    assert!(variants.contains("netreap_cni_exec: environment scan: tail_calls"), "{variants}");
+    assert!(variants.contains("limits: reads the first 4,352 environment strings"), "{variants}");
+    let json: Value = serde_json::from_str(&probes(&["--json", "--variants"])).expect("JSON");
+    let exec = json["probes"].as_array().unwrap().iter().find(|p| p["program"] == "netreap_cni_exec").unwrap();
+    assert_eq!(exec["implementation"]["active"], "tail_calls", "{exec}");
+}

@@ -99,7 +99,7 @@ const KERNEL_FACING: &[KernelFacing] = &[
         kind: "test",
         name: "cni_agent",
         filters: &[],
-        must_pass: &["a_forged_del_is_an_anomaly_that_changes_nothing"],
+        must_pass: &["a_forged_del_is_an_anomaly_that_changes_nothing", "netreap_probes_names_the_environment_scan"],
         needs: &["/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/sbin/ip"],
         needs_why: "Debian's containernetworking-plugins or iproute2 are not installed on the host",
         vm_skip_all: Some(
