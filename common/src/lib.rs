@@ -122,6 +122,15 @@ pub struct CniExecData {
     pub filename: [u8; FILENAME_LEN],
 }
 
+// Layout guards: the kernel and the agent agree on these sizes, and no
+// field leaves padding behind it.
+const _: () = assert!(core::mem::size_of::<EventHeader>() == 48);
+const _: () = assert!(
+    core::mem::size_of::<CniExecData>()
+        == 4 * 4 + CNI_COMMAND_LEN + CNI_CONTAINER_ID_LEN + CNI_NETNS_LEN + CNI_IFNAME_LEN + FILENAME_LEN
+);
+const _: () = assert!(core::mem::size_of::<Event<CniExecData>>() == 48 + 704);
+
 /// CNI_EXIT.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
