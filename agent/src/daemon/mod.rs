@@ -7,6 +7,7 @@ pub mod evidence;
 pub mod oneshot;
 pub mod restore;
 mod report;
+mod runtime;
 
 use std::{
     collections::HashMap,
@@ -56,6 +57,7 @@ struct StateDoc {
     model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
     attachments: Vec<crate::ledger::Attachment>,
     verdicts: Vec<Verdict>,
+    runtime: Option<crate::engine::RuntimeView>,
 }
 
 impl StateDoc {
@@ -65,6 +67,7 @@ impl StateDoc {
             "model": self.model.as_deref(),
             "attachments": self.attachments,
             "verdicts": self.verdicts,
+            "runtime": self.runtime,
         })
     }
 }
@@ -104,6 +107,8 @@ struct Agent {
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
+    /// The container runtime as a witness (daemon/runtime.rs).
+    runtime: runtime::RuntimeSource,
 }
 
 /// The HTTP endpoint task and how to stop it.
@@ -184,6 +189,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         memory: Memory::default(),
         resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
         state,
+        runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
         config,
     };
 
@@ -193,7 +199,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     endpoint.readiness.mark_ready();
     info!(dry_run = agent.config.dry_run, "netreap ready");
 
-    agent.event_loop(&mut kernel, &mut deaths).await?;
+    let mut runtime_events = agent.runtime.follow_events();
+    agent.event_loop(&mut kernel, &mut deaths, &mut runtime_events).await?;
 
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
@@ -352,6 +359,7 @@ impl Agent {
         &mut self,
         kernel: &mut KernelStream,
         deaths: &mut tokio::sync::mpsc::Receiver<NetnsDeath>,
+        runtime_events: &mut tokio::sync::mpsc::Receiver<()>,
     ) -> anyhow::Result<()> {
         use anyhow::Context as _;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -390,6 +398,10 @@ impl Agent {
                     self.reconcile("netns_died").await?;
                     cni_reconcile_at = None;
                 }
+                Some(()) = runtime_events.recv() => {
+                    while runtime_events.try_recv().is_ok() {}
+                    self.reconcile("runtime_event").await?;
+                }
                 _ = resync.tick() => self.reconcile("interval").await?,
                 _ = recheck.tick(), if self.waiting_for_grace() => self.reconcile("grace").await?,
                 _ = housekeeping.tick() => self.housekeeping(kernel).await?,
@@ -408,7 +420,8 @@ impl Agent {
         self.arm_last_look();
         let records = self.releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
         for record in &records {
-            self.emit_release(record, "recovery", None)?;
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.emit_release(record, "recovery", None, pod)?;
         }
         Ok(())
     }
@@ -429,6 +442,8 @@ impl Agent {
             Some(&self.cache_first_seen),
         );
         let mut obs = obs;
+        let view = self.runtime.view(&mut self.events, &self.metrics).await?;
+        obs.set_runtime(view);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
@@ -591,19 +606,22 @@ impl Agent {
         self.report_anomalies(&scan.anomalies)?;
         let now = SystemTime::now();
         let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
-        self.report_changes(&verdicts)?;
+        self.report_changes(&verdicts, &obs)?;
         if verdicts.iter().any(Verdict::is_orphaned) {
             self.arm_last_look();
         }
         let records = self.releaser.release_orphaned(&verdicts)?;
         for record in &records {
             let died_at = report::death_time(&record.verdict);
-            self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.emit_release(record, report::release_reason(&record.verdict), died_at, pod)?;
         }
+        self.runtime.report_stuck(&obs, &mut self.events, &self.metrics)?;
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
         let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
             s.verdicts = verdicts;
+            s.runtime = obs.runtime;
         }
         self.publish_attachments();
         tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
@@ -629,17 +647,18 @@ impl Agent {
         Ok(())
     }
 
-    fn report_changes(&mut self, verdicts: &[Verdict]) -> anyhow::Result<()> {
+    fn report_changes(&mut self, verdicts: &[Verdict], obs: &crate::engine::Observations) -> anyhow::Result<()> {
         let mut seen = HashMap::with_capacity(verdicts.len());
         for v in verdicts {
             let key = v.reservation.path.clone();
             let before = self.verdicts.get(&key).copied();
             if before != Some(v.status) {
-                self.events.emit(SystemTime::now(), "verdict_changed", &report::verdict_changed(v, before))?;
+                let pod = runtime::pod_of(obs, &v.reservation.container_id);
+                self.events.emit(SystemTime::now(), "verdict_changed", &report::with_pod(report::verdict_changed(v, before), pod))?;
                 if v.status == Status::Conflict {
                     self.metrics.conflict();
                     warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
-                    self.events.emit(SystemTime::now(), "conflict", &report::conflict(v))?;
+                    self.events.emit(SystemTime::now(), "conflict", &report::with_pod(report::conflict(v), pod))?;
                 }
             }
             seen.insert(key, v.status);
@@ -667,7 +686,13 @@ impl Agent {
         self.releaser.set_last_look(Box::new(crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)));
     }
 
-    fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {
+    fn emit_release(
+        &mut self,
+        record: &ReleaseRecord,
+        reason: &str,
+        died_at: Option<SystemTime>,
+        pod: Option<&crate::engine::PodRef>,
+    ) -> anyhow::Result<()> {
         let now = SystemTime::now();
         let latency = died_at.and_then(|d| now.duration_since(d).ok());
         let outcome = report::outcome_label(&record.outcome);
@@ -677,8 +702,9 @@ impl Agent {
                 self.metrics.observe_death_to_release(latency);
             }
         let r = &record.verdict.reservation;
-        info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
-        self.events.emit(now, "release", &report::release(record, reason, latency))?;
+        let pod_name = pod.map(ToString::to_string);
+        info!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
+        self.events.emit(now, "release", &report::with_pod(report::release(record, reason, latency), pod))?;
         if let crate::release::Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
             // The model said no live netns holds the IP; the kernel, asked
             // under the lock, said one does: both views, one event.
