@@ -144,7 +144,17 @@ impl Lab {
             self.cache_dir.join("results").into(),
             "--state-dir".into(),
             self.state_dir.clone().into(),
+            // Only runs of binaries in these dirs count as CNI runs.
+            "--cni-bin-dir".into(),
+            self.plugin_dir().into(),
+            "--cni-bin-dir".into(),
+            DEBIAN_PLUGINS.into(),
         ]
+    }
+
+    /// The lab's own test plugins (failing, slow-ipam, slow-chain).
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.dir.path().join("plugins")
     }
 
     pub fn pod(&self) -> Pod {

@@ -53,7 +53,26 @@ pub struct Watch {
 }
 
 pub fn watch() -> Watch {
-    let mut probes = Probes::load().expect("probes load on this kernel");
+    watch_with(Probes::load().expect("probes load on this kernel"))
+}
+
+/// Probes with the bpf_loop scan (where the kernel has it) and with the
+/// tail-call scan that 5.10 runs: both must report the same runs.
+pub fn both_scans() -> Vec<(&'static str, Watch)> {
+    let mut out = Vec::new();
+    let primary = Probes::load().expect("probes load on this kernel");
+    let name = primary.implementation("netreap_cni_exec").expect("an environment scan is active");
+    out.push((name, watch_with(primary)));
+    if name != "tail_calls" {
+        let tail = Probes::load_variants().expect("the tail-call scan loads on this kernel");
+        assert_eq!(tail.implementation("netreap_cni_exec"), Some("tail_calls"));
+        out.push(("tail_calls", watch_with(tail)));
+    }
+    out
+}
+
+/// A watch on probes loaded some other way (e.g. [`Probes::load_variants`]).
+pub fn watch_with(mut probes: Probes) -> Watch {
     let stream = KernelStream::new(&mut probes).expect("ring buffer stream");
     Watch { probes, stream, pending: std::collections::VecDeque::new() }
 }
