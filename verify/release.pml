@@ -16,11 +16,21 @@
  *     the netns is gone; a container can restart with the same ID (podman,
  *     docker) and so get a new netns;
  *   - netreap: its event loop (rtnetlink socket, eBPF ring buffer of CNI
- *     plugin exec/exit), the decision, the journal intent (fsync'd before
- *     acting), the last look under the plugin's flock, the unlink; a crash
- *     after the intent (memory and sockets lost, state dir kept), restart
- *     and recovery (re-verify, never redo); nsid dumps that can miss any
- *     live netns; re-queries of netns it recorded but cannot see.
+ *     ADD exec/exit), the decision, the journal intent (fsync'd before
+ *     acting), the last look under the plugin's flock (the file is the
+ *     same; the IP is in no live netns; no CNI run of the container in
+ *     flight), the unlink; a crash after the intent (memory and sockets
+ *     lost, state dir kept), restart and recovery (re-verify, never redo);
+ *     nsid dumps that can miss any live netns; re-queries of netns it
+ *     recorded but does not see.
+ *
+ * The decision (on netreap's view): ORPHANED only when every netns the
+ * container was bound to by an ADD was seen to die (RTM_DELNSID for the nsid
+ * it holds for that incarnation, or after a restart the kernel no longer
+ * lists the recorded nsid, or lists it for another inode), no CNI run of it
+ * is in flight, and the file was written by an ADD netreap saw to its end
+ * (the file's mtime is not after that ADD's exit: "bindings dated by the
+ * run that made them").
  *
  * Properties (verify/check.sh checks each):
  *   S1  ltl no_dup: no IP is ever configured in two live netns.
@@ -39,7 +49,13 @@
  *   -DBUG_NO_LAST_LOOK  no last look: under the flock only the file's owner
  *                       and identity (inode, mtime) are compared.
  *   -DBUG_INODE_DEATH   a recorded death is matched to netns by inode alone.
+ *   -DBUG_NEVER_UNLINK  netreap never unlinks (L must fail: not vacuous).
  *   -DNO_S2             leaves out the S2 assertions (to see S1 itself fail).
+ * Experiments (not in check.sh, see the README section):
+ *   -DNO_FILE_ID_REUSE  the (inode, mtime) check is never fooled (no A5).
+ *   -DNO_RUN_DATING     the decision does not ask which run wrote the file.
+ *   -DADDR_VIEW         the decision also checks the addresses netreap saw
+ *                       (only adds reasons to keep; off by default, A7).
  *
  * Abstractions:
  *   A1 a CNI run's netns (CNI_NETNS) is resolved to its exact incarnation
@@ -57,6 +73,17 @@
  *      identity check under the flock can be fooled.
  *   A6 time is logical: `tick` advances at every file write; the ring
  *      buffer's records carry it (the exit of an ADD is after its write).
+ *   A7 the decision's own address check (on netreap's view) is left out by
+ *      default: it only adds reasons to keep, so S1 and S2 carry over; the
+ *      last look's exact kernel read is modelled. netreap's view gets no
+ *      RTM_DELADDR either.
+ *   A8 the runtime creates the netns and execs ADD in one step; the
+ *      plugin's critical section, the address-plus-exit and a whole DEL are
+ *      single steps (nobody can look inside them).
+ *   A9 reading a socket drains it in one step: reading a prefix is the
+ *      same as reading all of it when the prefix was all there was.
+ *   Bounds: 2 IPs, 2 containers, 3 netns incarnations (container 0
+ *   restarted once with the same ID), 2 inode and 2 nsid values, 1 crash.
  */
 
 #define NC     2    /* containers (sandbox IDs) */
@@ -362,7 +389,11 @@ inline is_dead(k, res) {
  * to was seen to die; no CNI run of it is in flight; no live netns it
  * knows holds the IP. */
 inline orphaned(c, ip, dtime, ok, k, res) {
+#ifdef NO_RUN_DATING
+  ok = (v_bind[c] != 0 && !v_run[c]);
+#else
   ok = (v_bind[c] != 0 && !v_run[c] && dtime <= p_lastx[c]);
+#endif
   for (k : 0 .. NG - 1) {
     is_dead(k, res);
     if
@@ -521,9 +552,9 @@ end_loop:
         /* The last look, under the plugin's flock. Is the file still the
          * one decided about (owner, inode, mtime)? Then, in this order: is
          * the IP configured in any live netns (a fresh read of the kernel,
-         * A3)? Drain both event sources, decide again on the fresh view
-         * (bindings, runs in flight). Any run that could configure the IP
-         * after the kernel read has its exec before the drain. */
+         * A3)? Then drain the ring buffer: is a CNI run of the container in
+         * flight? The order matters: a run that configures the IP after
+         * the kernel read has its exec before the drain. */
         atomic {
           hl_lock == 0 -> hl_lock = 1;
           ok = (owner[ip] == c + 1 && fid[ip] == dfid && ftime[ip] == dtime);
@@ -538,9 +569,8 @@ end_loop:
 #ifndef BUG_NO_LAST_LOOK
           if
           :: ok ->
-             drain_nl();
              drain_rb();
-             orphaned(c, ip, dtime, ok, k, res)
+             ok = !v_run[c]
           :: else -> skip
           fi;
 #endif
