@@ -115,8 +115,9 @@ byte ns_nsid[NG];
 byte ns_ip[NG];        /* the IP configured in the netns, NONE if none */
 byte ng_next;          /* the next incarnation */
 byte tick;             /* logical time: file writes (A6) */
-bool running[NC];      /* a CNI run of the container is in flight */
-byte run_g[NC];        /* the netns of the ADD in flight, NONE for a DEL */
+bool running[NC];      /* a CNI ADD of the container is in flight (A8: a DEL
+                          is one step) */
+byte run_g[NC];        /* the netns of that ADD, NONE when none */
 
 /* ======================= host-local: <dataDir>/<network>/ =================== */
 byte owner[NIP];       /* container + 1 named in the file <ip>; 0: no file */
@@ -129,7 +130,7 @@ bool fooled[NIP];      /* ghost: the file looks like its predecessor (A5) */
 
 /* ======================= netreap ======================= */
 chan nl = [QCAP] of { mtype, byte, byte, byte };  /* kind, nsid, netns/ip, - */
-chan rb = [RCAP] of { mtype, byte, byte, byte };     /* kind, container, netns, time */
+chan rb = [RCAP] of { mtype, byte, byte, byte };  /* kind, container, netns, time */
 bool down;             /* not running: nothing is listening, events are lost */
 byte crashes;
 
@@ -137,7 +138,7 @@ byte crashes;
 byte v_nsid[NNSID];    /* nsid -> incarnation + 1 (0: none known) */
 bool v_known[NG];      /* known and alive */
 bool v_dead[NG];       /* seen to die: the kernel's word */
-byte v_ipg[NG];        /* the address seen in each netns */
+byte v_ipg[NG];        /* the address seen in each netns (ADDR_VIEW only) */
 byte v_bind[NC];       /* bitmask: the netns each container's ADDs ran in */
 bool v_run[NC];        /* ledger: a CNI run of the container in flight */
 
