@@ -6,6 +6,7 @@
 #
 #   verify/check.sh          the checks CI runs (about a minute here)
 #   verify/check.sh --full   also liveness on the largest configuration
+#                            (about a minute more)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -29,12 +30,12 @@ trap 'rm -rf "$work"' EXIT
 failures=0
 started=$(date +%s)
 
-# check NAME EXPECT MODEL_DEFINES CC_FLAGS PAN_FLAGS [PATTERN]
+# check NAME EXPECT MODEL_DEFINES CC_FLAGS PAN_FLAGS [PATTERN PROPERTY]
 #   EXPECT pass: no error, a complete search.
 #   EXPECT fail: a counterexample whose text (pan's report and the replayed
 #   trail) matches PATTERN; the trail is printed as a story.
 check() {
-  local name=$1 expect=$2 defines=$3 ccflags=$4 panflags=$5 pattern=${6:-}
+  local name=$1 expect=$2 defines=$3 ccflags=$4 panflags=$5 pattern=${6:-} property=${7:-}
   local dir="$work/$name" t0 t1 out states result
   mkdir -p "$dir"
   cp release.pml "$dir/"
@@ -76,8 +77,9 @@ check() {
   fi
   printf '%-4s %-34s expected %-4s got %-5s %12s states %6.1f s\n' \
     "$([ $verdict = ok ] && echo ok || echo FAIL)" "$name" "$expect" "$result" \
-    "${states:-?}" "$(echo "$t1 - $t0" | bc)"
+    "${states:-?}" "$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')"
   if [ "$result" = fail ] || [ $verdict != ok ]; then
+    [ -z "$property" ] || echo "       broken: $property"
     grep -E 'violated|acceptance cycle' "$out" | head -1 | sed 's/^/       pan: /' | cut -c1-160
     if [ -e "$dir/trail.out" ]; then
       grep -E 'MSC:|Error' "$dir/trail.out" | sed -e 's/^ *MSC: /       | /' -e 's/^spin: /       | spin: /' | cut -c1-160
@@ -105,15 +107,15 @@ fi
 
 echo "== bug variants: each must give a counterexample"
 check bug.dump-absence-is-death fail "-DBUG_DUMP_DEATH" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
-  'ns_alive\[res_g\[ip\]\]'
+  'ns_alive\[res_g\[ip\]\]' "S2b (released while its netns lives)"
 check bug.no-last-look fail "-DBUG_NO_LAST_LOOK" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
-  'ns_ip\[0\]==ip'
+  'ns_ip\[0\]==ip' "S2a (released while its IP is configured in a live netns)"
 check bug.no-last-look.duplicate-ip fail "-DBUG_NO_LAST_LOOK -DNO_S2" "$SAFETY" "-N no_dup -m200000 -w25" \
-  '_spin_nvr'
+  '_spin_nvr' "S1 (an IP in two live netns)"
 check bug.death-by-inode fail "-DBUG_INODE_DEATH" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
-  'ns_alive\[res_g\[ip\]\]'
+  'ns_alive\[res_g\[ip\]\]' "S2b (released while its netns lives)"
 check bug.never-unlinks.liveness fail "-DBUG_NEVER_UNLINK -DLIVES0=1 -DLIVES1=1" "$LIVE_SMALL" \
-  "-a -f -N released -m200000 -w20" 'acceptance cycle'
+  "-a -f -N released -m200000 -w20" 'acceptance cycle' "L (a dead netns's reservation kept forever)"
 
 echo "== $(( $(date +%s) - started )) s in all"
 if [ $failures -ne 0 ]; then
