@@ -54,6 +54,8 @@
  * Experiments (not in check.sh, see the README section):
  *   -DNO_FILE_ID_REUSE  the (inode, mtime) check is never fooled (no A5).
  *   -DNO_RUN_DATING     the decision does not ask which run wrote the file.
+ *   -DLOOK_BEFORE_LOCK  the last look's reads happen before this file's
+ *                       flock is taken (one look for a batch).
  *   -DADDR_VIEW         the decision also checks the addresses netreap saw
  *                       (only adds reasons to keep; off by default, A7).
  *
@@ -489,7 +491,7 @@ active proctype Netreap() {
   mtype kind;
   byte a, b, t, g, k, i, c, ip, found, dtime;
   bit dfid;
-  bool ok, res;
+  bool ok, res, looked;
 
 end_loop:
   do
@@ -556,10 +558,21 @@ end_loop:
          * A3)? Then drain the ring buffer: is a CNI run of the container in
          * flight? The order matters: a run that configures the IP after
          * the kernel read has its exec before the drain. */
+#ifdef LOOK_BEFORE_LOCK
+        /* experiment: the kernel is read before this file's flock is taken
+         * (as when one look is gathered for a whole batch) */
+        atomic {
+          looked = !(in_live(0, ip) || in_live(1, ip) || in_live(2, ip));
+          drain_rb();
+          looked = looked && !v_run[c]
+        };
+#endif
         atomic {
           hl_lock == 0 -> hl_lock = 1;
           ok = (owner[ip] == c + 1 && fid[ip] == dfid && ftime[ip] == dtime);
-#ifndef BUG_NO_LAST_LOOK
+#ifdef LOOK_BEFORE_LOCK
+          ok = ok && looked; looked = 0
+#elif !defined(BUG_NO_LAST_LOOK)
           if
           :: ok && (in_live(0, ip) || in_live(1, ip) || in_live(2, ip)) -> ok = 0
           :: else -> skip
@@ -567,7 +580,7 @@ end_loop:
 #endif
         };
         atomic {
-#ifndef BUG_NO_LAST_LOOK
+#if !defined(BUG_NO_LAST_LOOK) && !defined(LOOK_BEFORE_LOCK)
           if
           :: ok ->
              drain_rb();
