@@ -771,10 +771,16 @@ fn the_last_look_keeps_a_reservation_whose_cni_run_is_in_flight() {
     let v = verdict_for(&data, &died(&["c2"]), ip);
     let bin = tmp.path().join("cni-bin");
     fs::create_dir_all(&bin).unwrap();
-    // Named `sleep`: busybox (the qemu guests' /bin/sleep) picks its applet
-    // by that name.
-    fs::copy("/bin/sleep", bin.join("sleep")).unwrap();
-    let mut plugin = Command::new(bin.join("sleep")).arg("30").env("CNI_CONTAINERID", "c2").spawn().unwrap();
+    // The "plugin" is a copy of this test binary running the sleeper below
+    // (the same on the host and in the qemu guests, whose /bin is busybox).
+    fs::copy(std::env::current_exe().unwrap(), bin.join("nrrplugin")).unwrap();
+    let mut plugin = Command::new(bin.join("nrrplugin"))
+        .args(["--ignored", "--exact", "sleeper_child_process"])
+        .env("NETREAP_TEST_SLEEPER", "1")
+        .env("CNI_CONTAINERID", "c2")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut rel = releaser(&tmp.path().join("state"), &[&data], None, false);
     rel.set_last_look(Box::new(netreap::release::lastlook::KernelLook::new(
         Vec::new(),
@@ -799,5 +805,15 @@ struct LinkGuard(String);
 impl Drop for LinkGuard {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
+}
+
+/// Child process of `the_last_look_keeps_a_reservation_whose_cni_run_is_in_flight`:
+/// a long-running "plugin".
+#[test]
+#[ignore = "child process of the_last_look_keeps_a_reservation_whose_cni_run_is_in_flight"]
+fn sleeper_child_process() {
+    if std::env::var("NETREAP_TEST_SLEEPER").is_ok_and(|v| v == "1") {
+        std::thread::sleep(Duration::from_secs(30));
     }
 }
