@@ -51,6 +51,10 @@ pub struct Config {
     /// This node's Kubernetes name; enables the optional API evidence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// kubeconfig file(s) for the Kubernetes API on a plain host; in a pod
+    /// the service account is used without it. Neither: the source is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
     /// A reservation younger than this is in use whatever else is seen: the
     /// CNI ADD that made it may still be running.
     #[serde(with = "human_duration")]
@@ -81,6 +85,7 @@ impl Default for Config {
             events_keep: 5,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9742)),
             node_name: None,
+            kubeconfig: None,
             in_flight_grace: Duration::from_secs(30),
             orphan_grace: Duration::from_mins(10),
             resync_interval: Duration::from_secs(30),
@@ -134,9 +139,16 @@ const KEYS: &[(&str, &str, &str)] = &[
     ),
     (
         "node_name",
-        "This node's Kubernetes name, reserved for the optional API evidence (the\n\
-         node's pods could only add reasons to keep an IP). Not used yet.",
+        "This node's Kubernetes name: its pods (spec.nodeName) are evidence that can\n\
+         only keep an IP (a pod reporting it, a Pending pod a CNI run named).",
         "NODE_NAME, --node-name",
+    ),
+    (
+        "kubeconfig",
+        "kubeconfig for the Kubernetes API on a plain host (a KUBECONFIG-style list\n\
+         is merged). In a pod the service account is used without it. With neither,\n\
+         the Kubernetes source (pods, Events, whereabouts) is off: `netreap sources`.",
+        "KUBECONFIG, --kubeconfig",
     ),
     (
         "in_flight_grace",
@@ -167,6 +179,7 @@ const KEYS: &[(&str, &str, &str)] = &[
 
 /// Example shown (commented out) for keys whose default is "unset".
 const NODE_NAME_EXAMPLE: &str = "node_name = \"worker-1\"";
+const KUBECONFIG_EXAMPLE: &str = "kubeconfig = \"/etc/kubernetes/kubelet.conf\"";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -302,6 +315,9 @@ impl Config {
                 None if *key == "node_name" => {
                     let _ = writeln!(out, "# {NODE_NAME_EXAMPLE}");
                 }
+                None if *key == "kubeconfig" => {
+                    let _ = writeln!(out, "# {KUBECONFIG_EXAMPLE}");
+                }
                 None => {}
             }
         }
@@ -366,6 +382,9 @@ pub struct ConfigFlags {
     /// This node's Kubernetes name.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
+    /// kubeconfig for the Kubernetes API (in a pod: not needed).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
     /// Reservations younger than this are in use (e.g. `30s`).
     #[arg(long, env = "NETREAP_IN_FLIGHT_GRACE", value_name = "DURATION", value_parser = parse_duration)]
     pub in_flight_grace: Option<Duration>,
@@ -400,6 +419,9 @@ impl ConfigFlags {
         // that means "not on Kubernetes", not a node called "".
         if let Some(name) = self.node_name.as_ref().filter(|n| !n.is_empty()) {
             config.node_name = Some(name.clone());
+        }
+        if let Some(path) = self.kubeconfig.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+            config.kubeconfig = Some(path.clone());
         }
         set(&mut config.in_flight_grace, self.in_flight_grace.as_ref());
         set(&mut config.orphan_grace, self.orphan_grace.as_ref());

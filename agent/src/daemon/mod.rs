@@ -96,6 +96,8 @@ struct Agent {
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
+    /// The Kubernetes API (pods, whereabouts, Events), when configured.
+    kube: Option<crate::kube::agent::KubeAgent>,
 }
 
 /// The HTTP endpoint task and how to stop it.
@@ -155,6 +157,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         abort_after_intent: std::env::var(CRASH_AFTER_INTENT_ENV).is_ok_and(|v| v == "1"),
     };
     let releaser = Releaser::open(&config.state_dir, releaser_config).context("opening the release journal")?;
+    let kube = crate::kube::agent::KubeAgent::start(&config, &metrics).await?;
 
     let mut agent = Agent {
         policy: Policy { in_flight_grace: config.in_flight_grace, orphan_grace: config.orphan_grace },
@@ -177,6 +180,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         },
         state,
         config,
+        kube,
     };
 
     agent.remember().await;
@@ -410,6 +414,9 @@ impl Agent {
         let mut obs = obs;
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
+        if let Some(k) = self.kube.as_mut() {
+            k.observe(&mut obs, &self.ledger, &cache.attachments);
+        }
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
             s.model = Some(snapshot);
@@ -519,15 +526,29 @@ impl Agent {
         let started = std::time::Instant::now();
         let obs = self.observations().await?;
         let stores: Vec<&dyn ReservationStore> = self.stores.iter().map(|s| s as &dyn ReservationStore).collect();
-        let scan = scan_all(&stores);
-        self.report_anomalies(&scan.anomalies)?;
+        let mut scan = scan_all(&stores);
         let now = SystemTime::now();
-        let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
+        let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
+        // whereabouts verdicts follow the host-local ones; each store's
+        // releaser gets only its own.
+        let local = verdicts.len();
+        if let Some(k) = &self.kube {
+            verdicts.extend(k.decide(&obs, now, &self.policy));
+            scan.anomalies.extend_from_slice(k.anomalies());
+        }
+        self.report_anomalies(&scan.anomalies)?;
         self.report_changes(&verdicts)?;
         if verdicts.iter().any(Verdict::is_orphaned) {
             self.arm_last_look();
         }
-        let records = self.releaser.release_orphaned(&verdicts)?;
+        let mut records = self.releaser.release_orphaned(&verdicts[..local])?;
+        if let Some(k) = self.kube.as_mut() {
+            let policy = self.policy;
+            records.extend(k.release(&verdicts[local..], |r| decide_one(&obs, r, SystemTime::now(), &policy)).await?);
+        }
+        if let Some(k) = self.kube.as_mut() {
+            k.notify(&verdicts, &records, &self.ledger);
+        }
         for record in &records {
             let died_at = report::death_time(&record.verdict);
             self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
