@@ -158,3 +158,248 @@ fn a_dead_netns_allocation_is_released_with_a_tested_patch_and_an_event_on_its_p
     let release = agent.events_named("release");
     assert!(release.iter().any(|e| e["outcome"] == "released" && e["store"]["kind"] == "whereabouts"), "{release:#?}");
 }
+
+/// whereabouts #162: the IPPool holds a Pending pod's allocation while the
+/// pod reports no IP yet. Even with the sandbox's netns gone (kubelet is
+/// retrying), a Pending pod a CNI run named keeps its allocation through
+/// any number of reconciles: 50 pods, several reconciles each, no loss.
+/// Then, as a control, the pods that go away lose theirs (the rule, not
+/// something else, kept them).
+#[test]
+fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
+    if !possible() {
+        return;
+    }
+    const PODS: usize = 50;
+    const GONE: usize = 5;
+    let _serial = serial();
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.8.0/24");
+    let plugin = WbPlugin::install(setup.dir.path());
+    let agent = setup.agent(&api, &[]);
+
+    let mut sandboxes = Vec::new();
+    for i in 0..PODS {
+        let name = format!("pend-{i}");
+        api.create_pod("nrk-ns", &name, NODE, "Pending", &[]);
+        let sandbox = Sandbox::new();
+        let ip = plugin.add(&api, &pool, &sandbox, "nrk-ns", &name);
+        sandboxes.push((sandbox, ip, name));
+    }
+    assert_eq!(allocations(&api, &pool).len(), PODS);
+    // The agent knows each pod is Pending and named by its container's run.
+    let all_named = wait_until(Duration::from_secs(20), || {
+        sandboxes.iter().all(|(_, ip, _)| wb_verdict(&agent, ip).is_some_and(|v| has_fact(&v, "api_pending_pod_named_by_cni_run")))
+    });
+    assert!(all_named.is_some(), "state: {:#}\nlog:\n{}", agent.state()["verdicts"], agent.log());
+
+    let rv_before = rv(&api.pool(&pool));
+    for (sandbox, _, _) in &mut sandboxes {
+        sandbox.delete_netns();
+    }
+    // Every death is seen (each triggers a reconcile)...
+    let died = |a: &Agent| -> Vec<String> {
+        a.events_named("netns_died")
+            .iter()
+            .flat_map(|e| e["container_ids"].as_array().cloned().unwrap_or_default())
+            .filter_map(|c| c.as_str().map(str::to_owned))
+            .collect()
+    };
+    // The netns are gone (ip netns del returned); wait until the agent has
+    // processed the deaths (its netns_died events name the containers; a
+    // death the ledger could not attribute still counts as seen by the
+    // kernel, so most, not all, are required here).
+    let seen = wait_until(Duration::from_secs(20), || {
+        let died = died(&agent);
+        sandboxes.iter().filter(|(s, _, _)| died.contains(&s.container_id)).count() == PODS
+    });
+    let attributed = sandboxes.iter().filter(|(s, _, _)| died(&agent).contains(&s.container_id)).count();
+    assert!(seen.is_some() || attributed >= PODS * 9 / 10, "deaths seen: {attributed}/{PODS}\nlog:\n{}", agent.log());
+    // ...and several more reconciles follow (resync every second).
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(allocations(&api, &pool).len(), PODS, "no Pending pod lost its IP");
+    assert_eq!(rv(&api.pool(&pool)), rv_before, "the pool was not written");
+    assert!(patches_of(&api, &pool).iter().all(|p| p["body"][2]["op"] != "remove"), "no release was even tried");
+    for (_, ip, _) in &sandboxes {
+        let v = wb_verdict(&agent, ip).unwrap();
+        assert_eq!(v["status"], "in_use", "{v:#}");
+    }
+
+    // Control: pods that are gone no longer keep anything.
+    for (_, _, name) in sandboxes.iter().take(GONE) {
+        api.delete(&format!("/api/v1/namespaces/nrk-ns/pods/{name}"));
+    }
+    let gone_ips: Vec<String> = sandboxes.iter().take(GONE).map(|(_, ip, _)| ip.clone()).collect();
+    let released = wait_until(Duration::from_secs(20), || allocations(&api, &pool).len() == PODS - GONE);
+    assert!(released.is_some(), "the {GONE} pods that went away lose their IPs; log:\n{}", agent.log());
+    let range: std::net::Ipv4Addr = "10.248.8.0".parse().unwrap();
+    let left: Vec<String> = allocations(&api, &pool)
+        .keys()
+        .map(|o| std::net::Ipv4Addr::from(u32::from(range) + o.parse::<u32>().unwrap()).to_string())
+        .collect();
+    assert!(gone_ips.iter().all(|ip| !left.contains(ip)), "exactly theirs: {gone_ips:?} vs {left:?}");
+}
+
+/// An allocation made on another node (a container this node's CNI never
+/// ran) is never touched, however old and however dead it looks from here;
+/// this node's own leak in the same pool is released meanwhile.
+#[test]
+fn another_nodes_allocation_is_never_touched() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.9.0/24");
+    let foreign = "f".repeat(64);
+    let (code, body) = api.request(
+        "PATCH",
+        &ApiServer::pool_path(&pool),
+        "application/json-patch+json",
+        Some(&json!([{ "op": "add", "path": "/spec/allocations/100", "value": { "id": foreign, "podref": "nrk-ns/elsewhere", "ifname": "eth0" } }])),
+    );
+    assert_eq!(code, 200, "{body}");
+    api.create_pod("nrk-ns", "elsewhere", "nrk-other-node", "Running", &["10.248.9.100"]);
+    let plugin = WbPlugin::install(setup.dir.path());
+    let agent = setup.agent(&api, &["--in-flight-grace", "1s", "--orphan-grace", "1s"]);
+
+    let mut ours = Sandbox::new();
+    let ip = plugin.add(&api, &pool, &ours, "nrk-ns", "mine");
+    ours.configure(&ip);
+    assert!(wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip).is_some()).is_some(), "{}", agent.log());
+    ours.delete_netns();
+    let released = wait_until(Duration::from_secs(10), || allocations(&api, &pool).len() == 1);
+    assert!(released.is_some(), "our own leak is released; log:\n{}", agent.log());
+    std::thread::sleep(Duration::from_secs(3));
+
+    let left = allocations(&api, &pool);
+    assert_eq!(left["100"]["id"], foreign.as_str(), "the other node's allocation is intact");
+    assert!(wb_verdict(&agent, "10.248.9.100").is_none(), "not even judged: not this node's");
+    for p in patches_of(&api, &pool) {
+        let touches_foreign = p["body"].as_array().unwrap().iter().any(|op| op["path"].as_str().unwrap().contains("/100"));
+        assert!(!touches_foreign || p["body"][0]["op"] == "add", "no patch of ours names offset 100: {p}");
+    }
+    let orip_deletes = api.log().into_iter().filter(|r| r["method"] == "DELETE" && r["path"].as_str().unwrap().ends_with("10.248.9.100")).count();
+    assert_eq!(orip_deletes, 0);
+}
+
+/// A concurrent allocator changes the pool between netreap's read and its
+/// patch. (a) It allocates another IP: the patch's resourceVersion test
+/// fails (422), netreap re-reads, decides again and releases only its own
+/// allocation. (b) It gives the very allocation to a new container: the
+/// patch fails, the re-read shows another owner, and nothing is removed.
+#[test]
+fn a_concurrent_allocator_between_read_and_patch_makes_netreap_decide_again() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.10.0/24");
+    let pool_path = ApiServer::pool_path(&pool);
+    let plugin = WbPlugin::install(setup.dir.path());
+    let agent = setup.agent(&api, &[]);
+
+    // (a) another IP allocated in between.
+    let mut a = Sandbox::new();
+    let ip_a = plugin.add(&api, &pool, &a, "nrk-ns", "a");
+    a.configure(&ip_a);
+    let off_a = allocations(&api, &pool).keys().next().cloned().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip_a).is_some()).is_some(), "{}", agent.log());
+    let newcomer = json!({ "id": "a".repeat(64), "podref": "nrk-ns/newcomer", "ifname": "eth0" });
+    api.hook("PATCH", &pool_path, &json!([{ "op": "add", "path": "/spec/allocations/200", "value": newcomer }]));
+    a.delete_netns();
+    let released = wait_until(Duration::from_secs(10), || !allocations(&api, &pool).contains_key(&off_a));
+    assert!(released.is_some(), "released after deciding again; log:\n{}", agent.log());
+    assert_eq!(allocations(&api, &pool)["200"], newcomer, "the concurrent allocation survives");
+    let removes: Vec<Value> = patches_of(&api, &pool).into_iter().filter(|p| p["body"][2]["op"] == "remove").collect();
+    assert_eq!(removes.len(), 2, "refused once, then applied: {removes:#?}");
+    assert_eq!(removes[0]["status"], 422);
+    assert_eq!(removes[1]["status"], 200);
+    assert_ne!(removes[0]["body"][0]["value"], removes[1]["body"][0]["value"], "the retry tests the new resourceVersion");
+
+    // (b) the same allocation handed to a new container in between.
+    let mut b = Sandbox::new();
+    let ip_b = plugin.add(&api, &pool, &b, "nrk-ns", "b");
+    b.configure(&ip_b);
+    let off_b = allocations(&api, &pool).iter().find(|(_, v)| v["podref"] == "nrk-ns/b").map(|(k, _)| k.clone()).unwrap();
+    assert!(wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip_b).is_some()).is_some(), "{}", agent.log());
+    let reallocated = json!({ "id": "b".repeat(64), "podref": "nrk-ns/reborn", "ifname": "eth0" });
+    let at = format!("/spec/allocations/{off_b}");
+    api.hook("PATCH", &pool_path, &json!([{ "op": "remove", "path": at }, { "op": "add", "path": at, "value": reallocated }]));
+    b.delete_netns();
+    let settled = wait_until(Duration::from_secs(10), || {
+        agent.events_named("release").iter().any(|e| e["ip"] == ip_b.as_str() && e["outcome"] != "released")
+    });
+    assert!(settled.is_some(), "a release attempt ends without removing; log:\n{}", agent.log());
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(allocations(&api, &pool)[&off_b], reallocated, "the new owner keeps the IP");
+    let removes_b: Vec<Value> = patches_of(&api, &pool)
+        .into_iter()
+        .filter(|p| p["body"][1]["value"] == b.container_id.as_str() && p["body"][2]["op"] == "remove")
+        .collect();
+    assert_eq!(removes_b.len(), 1, "one refused patch, no retry against the new owner: {removes_b:#?}");
+    assert_eq!(removes_b[0]["status"], 422);
+    let outcome = agent.events_named("release").into_iter().find(|e| e["container_id"] == b.container_id.as_str()).unwrap();
+    assert!(outcome["detail"].as_str().unwrap().contains("owner changed"), "{outcome:#}");
+}
+
+/// The API goes away mid-run: the reflectors keep their last view, so no
+/// verdict changes (a pod that kept an IP still keeps it, nothing is added
+/// or removed), the agent keeps running, and the staleness shows.
+#[test]
+fn the_api_going_away_changes_no_verdict() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let setup = Setup::new();
+    let mut api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.11.0/24");
+    let plugin = WbPlugin::install(setup.dir.path());
+    let mut agent = setup.agent(&api, &[]);
+
+    let live = Sandbox::new();
+    let ip_live = plugin.add(&api, &pool, &live, "nrk-ns", "live");
+    live.configure(&ip_live);
+    api.create_pod("nrk-ns", "waiting", NODE, "Pending", &[]);
+    let mut waiting = Sandbox::new();
+    let ip_waiting = plugin.add(&api, &pool, &waiting, "nrk-ns", "waiting");
+    let named = wait_until(Duration::from_secs(10), || {
+        wb_verdict(&agent, &ip_waiting).is_some_and(|v| has_fact(&v, "api_pending_pod_named_by_cni_run"))
+    });
+    assert!(named.is_some(), "{}", agent.log());
+    waiting.delete_netns();
+    let settled = wait_until(Duration::from_secs(10), || {
+        agent.events_named("netns_died").iter().any(|e| e["container_ids"][0] == waiting.container_id.as_str())
+            && wb_verdict(&agent, &ip_live).is_some()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(settled.is_some(), "{}", agent.log());
+    let statuses = |a: &Agent| -> Vec<(String, String)> {
+        [&ip_live, &ip_waiting].iter().map(|ip| ((*ip).clone(), wb_verdict(a, ip).unwrap()["status"].as_str().unwrap().to_owned())).collect()
+    };
+    let before = statuses(&agent);
+    assert!(before.iter().all(|(_, s)| s == "in_use"), "{before:?}");
+
+    api.kill();
+    // Reconciles on deaths and on the resync interval, API gone.
+    let mut other = Sandbox::new();
+    other.delete_netns();
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(agent.exited().is_none(), "the agent runs on; log:\n{}", agent.log());
+    assert_eq!(statuses(&agent), before, "no verdict changed");
+    let waiting_v = wb_verdict(&agent, &ip_waiting).unwrap();
+    assert!(has_fact(&waiting_v, "api_pending_pod_named_by_cni_run"), "the last view still keeps it: {waiting_v:#}");
+    let stale = agent
+        .metrics()
+        .lines()
+        .find(|l| l.starts_with("netreap_kube_view_staleness_seconds{source=\"pods\"}"))
+        .and_then(|l| l.split_whitespace().last().and_then(|v| v.parse::<f64>().ok()));
+    assert!(stale.is_some_and(|s| s > 0.0), "staleness shows: {stale:?}\n{}", agent.metrics());
+    assert!(agent.events_named("release").iter().all(|e| e["store"]["kind"] != "whereabouts"), "nothing released");
+    agent.stop();
+}
