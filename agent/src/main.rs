@@ -43,6 +43,9 @@ enum Command {
     /// A self-contained demo on real namespaces and Debian's CNI plugins: leaks
     /// made like containerd #12130, released by the real agent as the netns die.
     Demo(cli::demo::DemoArgs),
+    /// Which optional sources of evidence are on (the Kubernetes API: pods,
+    /// whereabouts, Events), and why not when they are off.
+    Sources(cli::sources::SourcesArgs),
     /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
     Config(cli::config::ConfigArgs),
 }
@@ -62,6 +65,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => cli::demo::main(&args),
         Command::Release(args) => cli::release::main(&args),
         Command::Attachments(args) => cli::attachments::main(&args),
+        Command::Sources(args) => cli::sources::main(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

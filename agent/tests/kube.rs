@@ -403,3 +403,116 @@ fn the_api_going_away_changes_no_verdict() {
     assert!(agent.events_named("release").iter().all(|e| e["store"]["kind"] != "whereabouts"), "nothing released");
     agent.stop();
 }
+
+fn netreap(args: &[&str], env_clear_kube: bool) -> (bool, String, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_netreap"));
+    cmd.args(args);
+    if env_clear_kube {
+        cmd.env_remove("KUBECONFIG").env_remove("NODE_NAME").env_remove("KUBERNETES_SERVICE_HOST");
+    }
+    let out = cmd.output().expect("netreap runs");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `netreap sources` tells the truth: off without a kubeconfig (and not in
+/// a pod), on with the stand-in API server, unreachable when it is gone.
+#[test]
+fn sources_tell_whether_the_api_is_there() {
+    if !python_present() {
+        return;
+    }
+    let setup = Setup::new();
+    let (ok, out, err) = netreap(&["sources"], true);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("kubernetes  off"), "{out}");
+    assert!(out.contains("no --kubeconfig"), "{out}");
+
+    let mut api = ApiServer::start(setup.dir.path());
+    api.create_pool("10.248.12.0/24");
+    api.create_pod("nrk-ns", "here", NODE, "Running", &["10.248.12.9"]);
+    api.create_pod("nrk-ns", "there", "nrk-other-node", "Running", &["10.248.12.10"]);
+    let kubeconfig = api.kubeconfig.to_string_lossy().into_owned();
+    let (ok, out, err) = netreap(&["sources", "--kubeconfig", &kubeconfig, "--node-name", NODE], true);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("kubernetes  on"), "{out}");
+    assert!(out.contains("v1.33.0-netreap-standin"), "{out}");
+    assert!(out.contains(&format!("1 pods on node {NODE}")), "the field selector counts this node's only: {out}");
+    assert!(out.contains("1 IPPools"), "{out}");
+    let (_, json_out, _) = netreap(&["sources", "--json", "--kubeconfig", &kubeconfig], true);
+    let v: Value = serde_json::from_str(&json_out).unwrap();
+    assert_eq!(v["kubernetes"]["state"], "on");
+
+    api.kill();
+    let (ok, out, err) = netreap(&["sources", "--kubeconfig", &kubeconfig, "--node-name", NODE], true);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("kubernetes  unreachable"), "{out}");
+}
+
+/// `scan` lists this node's whereabouts allocations (a CNI cache entry
+/// here makes an allocation this node's in a one-shot command) with their
+/// verdicts and nothing of other nodes; `release --from-report` releases
+/// the reviewed orphan with a tested patch.
+#[test]
+fn scan_and_release_from_report_cover_whereabouts() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.13.0/24");
+    let plugin = WbPlugin::install(setup.dir.path());
+    let mut sandbox = Sandbox::new();
+    let ip = plugin.add(&api, &pool, &sandbox, "nrk-ns", "gone");
+    let entry = json!({
+        "kind": "cniCacheV1", "containerId": sandbox.container_id, "ifName": "eth0", "networkName": "wbnet",
+        "netns": sandbox.path, "config": "e30=",
+        "result": { "cniVersion": "1.0.0", "ips": [{ "address": format!("{ip}/24") }] },
+    });
+    let results = setup.dir.path().join("cache/results");
+    std::fs::write(results.join(format!("wbnet-{}-eth0", sandbox.container_id)), entry.to_string()).unwrap();
+    let (code, body) = api.request(
+        "PATCH",
+        &ApiServer::pool_path(&pool),
+        "application/json-patch+json",
+        Some(&json!([{ "op": "add", "path": "/spec/allocations/99", "value": { "id": "e".repeat(64), "podref": "nrk-ns/far", "ifname": "eth0" } }])),
+    );
+    assert_eq!(code, 200, "{body}");
+    sandbox.delete_netns();
+    std::thread::sleep(Duration::from_millis(1200));
+
+    let kubeconfig = api.kubeconfig.to_string_lossy().into_owned();
+    let mut args: Vec<String> = setup.dir_args().iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    args.extend(
+        ["--kubeconfig", kubeconfig.as_str(), "--node-name", NODE, "--in-flight-grace", "1s", "--orphan-grace", "1s"]
+            .map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, out, err) = netreap(&[&["scan", "--json"][..], &args].concat(), true);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let wb: Vec<&Value> = report["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["reservation"]["store"]["kind"] == "whereabouts")
+        .collect();
+    assert_eq!(wb.len(), 1, "this node's allocation only: {wb:#?}");
+    assert_eq!(wb[0]["reservation"]["ip"], ip.as_str());
+    assert_eq!(wb[0]["status"], "orphaned", "{:#}", wb[0]);
+    assert_eq!(report["sources"]["api"], true);
+
+    let report_file = setup.dir.path().join("report.json");
+    std::fs::write(&report_file, &out).unwrap();
+    let rv_before = rv(&api.pool(&pool));
+    let report_path = report_file.to_string_lossy().into_owned();
+    let (ok, out, err) = netreap(&[&["release", "--from-report", report_path.as_str()][..], &args].concat(), true);
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("{ip} ")) && out.contains("released"), "{out}");
+    let left = allocations(&api, &pool);
+    assert_eq!(left.len(), 1, "only the other node's allocation is left: {left:?}");
+    assert!(left.contains_key("99"));
+    assert!(rv(&api.pool(&pool)) > rv_before);
+    let journal = std::fs::read_to_string(setup.dir.path().join("state/whereabouts/journal.jsonl")).unwrap();
+    assert!(journal.contains("\"intent\"") && journal.contains("released"), "{journal}");
+}

@@ -1,5 +1,6 @@
 //! System packages the tests and the demo use: iproute2 (`ip`), util-linux
-//! (`unshare`, `nsenter`) and Debian's real CNI plugins.
+//! (`unshare`, `nsenter`), Debian's real CNI plugins, and python3 (the
+//! tests' stand-in Kubernetes API server).
 
 use std::{path::Path, process::Command};
 
@@ -12,6 +13,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/sbin/ip", "iproute2"),
     ("/usr/bin/unshare", "util-linux"),
     ("/usr/bin/nsenter", "util-linux"),
+    // The stand-in Kubernetes API server and whereabouts plugin (tests).
+    ("/usr/bin/python3", "python3"),
 ];
 
 /// Installs the missing packages with apt-get (root, Debian).

@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod events;
+pub mod oneshot;
 pub mod pods;
 mod reflect;
 pub mod whereabouts;
