@@ -548,11 +548,13 @@ mod tests {
         assert!(text.contains("orphan_grace = \"10m\"\n"), "{text}");
         assert!(text.contains("events_max_bytes = \"64MiB\"\n"), "{text}");
         assert!(text.contains("# node_name = \"worker-1\"\n"), "{text}");
+        assert!(text.contains("# kubeconfig = \"/etc/kubernetes/kubelet.conf\"\n"), "{text}");
     }
 
     #[test]
     fn every_field_is_documented_in_order() {
-        let full = Config { node_name: Some("n".into()), ..Config::default() };
+        let full =
+            Config { node_name: Some("n".into()), kubeconfig: Some("/etc/k.conf".into()), ..Config::default() };
         let fields: Vec<String> = toml::Table::try_from(&full).expect("valid in this test").keys().cloned().collect();
         let documented: Vec<&str> = KEYS.iter().map(|(k, _, _)| *k).collect();
         let mut sorted = documented.clone();

@@ -16,10 +16,18 @@ pub struct SourcesArgs {
 
 pub fn main(args: &SourcesArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config).context("configuration")?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let kube = runtime.block_on(netreap::kube::status(config.kubeconfig.as_deref(), config.node_name.as_deref()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let kube = runtime.block_on(netreap::kube::status(
+        config.kubeconfig.as_deref(),
+        config.node_name.as_deref(),
+    ));
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "kubernetes": kube }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "kubernetes": kube }))?
+        );
     } else {
         println!("{kube}");
     }

@@ -49,7 +49,9 @@ pub const STUCK_IN_FLIGHT: Duration = Duration::from_mins(2);
 pub fn made_here(ledger: &Ledger, cache: &[CachedAttachment]) -> HashMap<String, SystemTime> {
     let mut seen: HashMap<String, SystemTime> = HashMap::new();
     for entry in cache {
-        let at = seen.entry(entry.container_id.clone()).or_insert(entry.written_at);
+        let at = seen
+            .entry(entry.container_id.clone())
+            .or_insert(entry.written_at);
         *at = (*at).min(entry.written_at);
     }
     for a in ledger.attachments() {
@@ -61,11 +63,17 @@ pub fn made_here(ledger: &Ledger, cache: &[CachedAttachment]) -> HashMap<String,
 
 /// Sets `obs.api_pods` from a pod view, each pod with the containers whose
 /// CNI run named it (here: the pod references whereabouts wrote).
-pub fn add_pods(obs: &mut Observations, pods: Option<Vec<crate::engine::ApiPod>>, named: &BTreeMap<String, (String, String)>) {
+pub fn add_pods(
+    obs: &mut Observations,
+    pods: Option<Vec<crate::engine::ApiPod>>,
+    named: &BTreeMap<String, (String, String)>,
+) {
     obs.api_pods = pods.map(|mut pods| {
         for pod in &mut pods {
-            let containers =
-                named.iter().filter(|(_, (ns, name))| *ns == pod.namespace && *name == pod.name).map(|(cid, _)| cid.clone());
+            let containers = named
+                .iter()
+                .filter(|(_, (ns, name))| *ns == pod.namespace && *name == pod.name)
+                .map(|(cid, _)| cid.clone());
             pod.cni_containers.extend(containers);
             pod.cni_containers.sort();
             pod.cni_containers.dedup();
@@ -80,20 +88,29 @@ pub fn add_pods(obs: &mut Observations, pods: Option<Vec<crate::engine::ApiPod>>
 pub fn stuck_sandboxes(ledger: &Ledger, now: SystemTime) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for a in ledger.attachments() {
-        let failed_dels =
-            a.operations.iter().rev().take_while(|op| op.command == "DEL" && op.result() == "failure").count();
-        if failed_dels >= STUCK_FAILED_DELS {
-            out.push((a.container_id.clone(), format!("CNI DEL failed {failed_dels} times in a row")));
-            continue;
-        }
-        let long = a
+        let failed_dels = a
             .operations
             .iter()
-            .filter(|op| op.in_flight())
-            .find(|op| now.duration_since(op.started_at).is_ok_and(|d| d >= STUCK_IN_FLIGHT));
+            .rev()
+            .take_while(|op| op.command == "DEL" && op.result() == "failure")
+            .count();
+        if failed_dels >= STUCK_FAILED_DELS {
+            out.push((
+                a.container_id.clone(),
+                format!("CNI DEL failed {failed_dels} times in a row"),
+            ));
+            continue;
+        }
+        let long = a.operations.iter().filter(|op| op.in_flight()).find(|op| {
+            now.duration_since(op.started_at)
+                .is_ok_and(|d| d >= STUCK_IN_FLIGHT)
+        });
         if let Some(op) = long {
-            let secs = now.duration_since(op.started_at).map(|d| d.as_secs()).unwrap_or(0);
-            out.push((a.container_id.clone(), format!("CNI {} by {} in flight for {secs} s", op.command, op.plugin)));
+            let secs = now.duration_since(op.started_at).map_or(0, |d| d.as_secs());
+            out.push((
+                a.container_id.clone(),
+                format!("CNI {} by {} in flight for {secs} s", op.command, op.plugin),
+            ));
         }
     }
     out.sort();
@@ -135,14 +152,18 @@ impl KubeAgent {
             // a person must see; in a pod, the same.
             Err(e) => return Err(e).context("Kubernetes configuration"),
         };
-        let pods = match &config.node_name {
-            Some(node) => Some(PodWatch::start(&client, node)),
-            None => {
-                warn!("Kubernetes: no --node-name/NODE_NAME: the node's pods are not evidence");
-                None
-            }
-        };
-        let pools = Reflected::start(Api::<IpPool>::all(client.clone()), watcher::Config::default(), "whereabouts IPPools");
+        let pods = config
+            .node_name
+            .as_deref()
+            .map(|node| PodWatch::start(&client, node));
+        if pods.is_none() {
+            warn!("Kubernetes: no --node-name/NODE_NAME: the node's pods are not evidence");
+        }
+        let pools = Reflected::start(
+            Api::<IpPool>::all(client.clone()),
+            watcher::Config::default(),
+            "whereabouts IPPools",
+        );
         let instance = config.node_name.as_ref().map(|n| format!("netreap-{n}"));
         let events = EventSink::start(client.clone(), instance);
         let journal = Journal::open(&config.state_dir.join(JOURNAL_SUBDIR))
@@ -174,7 +195,9 @@ impl KubeAgent {
             let pools: Vec<IpPool> = pools.iter().map(|p| IpPool::clone(p)).collect();
             let seen = made_here(ledger, cache);
             self.scan = whereabouts::scan_pools(&pools, |cid| seen.get(cid).copied());
-        } else if !self.crd_missing_logged && self.pools.last_error().is_some_and(|e| e.contains("404")) {
+        } else if !self.crd_missing_logged
+            && self.pools.last_error().is_some_and(|e| e.contains("404"))
+        {
             info!("whereabouts IPPool CRD not found: the whereabouts store is off");
             self.crd_missing_logged = true;
         }
@@ -212,7 +235,13 @@ impl KubeAgent {
                 let outcome = if intent.dry_run {
                     Outcome::DryRunClosed
                 } else {
-                    whereabouts::release(&self.client, &intent.verdict.reservation, false, &reverify).await
+                    whereabouts::release(
+                        &self.client,
+                        &intent.verdict.reservation,
+                        false,
+                        &reverify,
+                    )
+                    .await
                 };
                 self.journal.record_outcome(&intent.id, &outcome, None)?;
                 info!(intent = %intent.id, ip = %intent.verdict.reservation.ip, "recovered whereabouts intent: {outcome}");
@@ -230,7 +259,8 @@ impl KubeAgent {
                 continue;
             }
             let intent = self.journal.record_intent(v, self.dry_run)?;
-            let outcome = whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify).await;
+            let outcome =
+                whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify).await;
             self.journal.record_outcome(&intent.id, &outcome, None)?;
             info!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
             records.push(ReleaseRecord {
@@ -249,11 +279,15 @@ impl KubeAgent {
         self.scan
             .pods
             .get(container_id)
-            .map(|(namespace, name)| Regarding::Pod { namespace: namespace.clone(), name: name.clone() })
+            .map(|(namespace, name)| Regarding::Pod {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            })
     }
 
     fn on_pod_or_node(&self, container_id: &str) -> Option<Regarding> {
-        self.pod_of(container_id).or_else(|| self.node.clone().map(|name| Regarding::Node { name }))
+        self.pod_of(container_id)
+            .or_else(|| self.node.clone().map(|name| Regarding::Node { name }))
     }
 
     /// Events for a reconcile: each release that changed a store, each new
@@ -261,8 +295,16 @@ impl KubeAgent {
     pub fn notify(&mut self, verdicts: &[Verdict], records: &[ReleaseRecord], ledger: &Ledger) {
         for record in records.iter().filter(|r| r.outcome.released()) {
             let r = &record.verdict.reservation;
-            let Some(regarding) = self.on_pod_or_node(&r.container_id) else { continue };
-            let why: Vec<&str> = record.verdict.evidence.iter().take(2).map(|e| e.text.as_str()).collect();
+            let Some(regarding) = self.on_pod_or_node(&r.container_id) else {
+                continue;
+            };
+            let why: Vec<&str> = record
+                .verdict
+                .evidence
+                .iter()
+                .take(2)
+                .map(|e| e.text.as_str())
+                .collect();
             self.events.send(Notice {
                 regarding,
                 warning: false,
@@ -320,7 +362,10 @@ fn short(container_id: &str) -> &str {
 }
 
 fn log_origin(origin: &ConfigOrigin, node: Option<&str>) {
-    info!(node = node.unwrap_or("-"), "Kubernetes source on ({origin}): pods as evidence, whereabouts store, Events");
+    info!(
+        node = node.unwrap_or("-"),
+        "Kubernetes source on ({origin}): pods as evidence, whereabouts store, Events"
+    );
 }
 
 /// Whether a reservation lives in whereabouts (for callers that split a
@@ -354,6 +399,9 @@ mod tests {
         assert!(pods[1].cni_containers.is_empty());
         let mut none = Observations::default();
         add_pods(&mut none, None, &named);
-        assert!(none.api_pods.is_none(), "no view yet is no evidence, not an empty node");
+        assert!(
+            none.api_pods.is_none(),
+            "no view yet is no evidence, not an empty node"
+        );
     }
 }

@@ -36,9 +36,15 @@ const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccou
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     #[error("kubeconfig {}: {source}", .path.display())]
-    Kubeconfig { path: PathBuf, source: kube::config::KubeconfigError },
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
     #[error("kubeconfig {}: {source}", .path.display())]
-    KubeconfigUse { path: PathBuf, source: Box<kube::config::KubeconfigError> },
+    KubeconfigUse {
+        path: PathBuf,
+        source: Box<kube::config::KubeconfigError>,
+    },
     #[error("in-cluster configuration: {0}")]
     InCluster(#[from] kube::config::InClusterError),
     #[error("building the Kubernetes client: {0}")]
@@ -68,7 +74,9 @@ impl KubeError {
 }
 
 /// Runs one API request with [`REQUEST_TIMEOUT`].
-pub(crate) async fn timed<T>(fut: impl Future<Output = Result<T, kube::Error>>) -> Result<T, KubeError> {
+pub(crate) async fn timed<T>(
+    fut: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, KubeError> {
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(result) => result.map_err(KubeError::api),
         Err(_) => Err(KubeError::Timeout(REQUEST_TIMEOUT)),
@@ -96,14 +104,20 @@ impl std::fmt::Display for ConfigOrigin {
 
 /// The Kubernetes source as configured: off (and why) or a client.
 pub enum KubeSource {
-    Off { reason: String },
-    On { client: kube::Client, origin: ConfigOrigin },
+    Off {
+        reason: String,
+    },
+    On {
+        client: kube::Client,
+        origin: ConfigOrigin,
+    },
 }
 
 /// Whether a pod's service account is mounted and the API's address given.
 #[must_use]
 pub fn in_cluster() -> bool {
-    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() && Path::new(SERVICE_ACCOUNT_TOKEN).exists()
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+        && Path::new(SERVICE_ACCOUNT_TOKEN).exists()
 }
 
 /// Builds a client: `kubeconfig` when given (a `KUBECONFIG`-style list of
@@ -112,27 +126,41 @@ pub fn in_cluster() -> bool {
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<KubeSource, KubeError> {
     let (config, origin) = if let Some(list) = kubeconfig {
         let mut merged: Option<Kubeconfig> = None;
-        let files: Vec<PathBuf> = std::env::split_paths(list).filter(|p| !p.as_os_str().is_empty()).collect();
+        let files: Vec<PathBuf> = std::env::split_paths(list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
         for path in &files {
-            let next = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?;
+            let next = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
+                path: path.clone(),
+                source,
+            })?;
             merged = Some(match merged {
                 None => next,
-                Some(m) => m.merge(next).map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?,
+                Some(m) => m.merge(next).map_err(|source| KubeError::Kubeconfig {
+                    path: path.clone(),
+                    source,
+                })?,
             });
         }
         let first = files.first().cloned().unwrap_or_else(|| list.to_path_buf());
         let Some(merged) = merged else {
-            return Ok(KubeSource::Off { reason: format!("kubeconfig {:?} names no file", list.display()) });
+            return Ok(KubeSource::Off {
+                reason: format!("kubeconfig {:?} names no file", list.display()),
+            });
         };
         let config = kube::Config::from_custom_kubeconfig(merged, &KubeConfigOptions::default())
             .await
-            .map_err(|source| KubeError::KubeconfigUse { path: first.clone(), source: Box::new(source) })?;
+            .map_err(|source| KubeError::KubeconfigUse {
+                path: first.clone(),
+                source: Box::new(source),
+            })?;
         (config, ConfigOrigin::Kubeconfig { path: first })
     } else if in_cluster() {
         (kube::Config::incluster()?, ConfigOrigin::InCluster)
     } else {
         return Ok(KubeSource::Off {
-            reason: "no --kubeconfig, no KUBECONFIG, and not running in a pod (no service account)".into(),
+            reason: "no --kubeconfig, no KUBECONFIG, and not running in a pod (no service account)"
+                .into(),
         });
     };
     let client = kube::Client::try_from(config).map_err(|e| KubeError::Client(Box::new(e)))?;
@@ -160,7 +188,7 @@ impl std::fmt::Display for KubeStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "kubernetes  {:<11} {}", self.state, self.detail)?;
         if let Some(wb) = &self.whereabouts {
-            write!(f, "\nwhereabouts {}", wb)?;
+            write!(f, "\nwhereabouts {wb}")?;
         }
         Ok(())
     }
@@ -169,7 +197,13 @@ impl std::fmt::Display for KubeStatus {
 /// Probes the Kubernetes source for `netreap sources`: one version request,
 /// one list of this node's pods and one of IPPools (each bounded in time).
 pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeStatus {
-    let off = |state, detail: String| KubeStatus { state, detail, origin: None, node_name: None, whereabouts: None };
+    let off = |state, detail: String| KubeStatus {
+        state,
+        detail,
+        origin: None,
+        node_name: None,
+        whereabouts: None,
+    };
     let (client, origin) = match connect(kubeconfig).await {
         Ok(KubeSource::Off { reason }) => return off("off", reason),
         Ok(KubeSource::On { client, origin }) => (client, origin),
@@ -201,7 +235,10 @@ pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeS
     };
     KubeStatus {
         state: "on",
-        detail: format!("{origin}, API {}.{} ({}); {pods}", version.major, version.minor, version.git_version),
+        detail: format!(
+            "{origin}, API {}.{} ({}); {pods}",
+            version.major, version.minor, version.git_version
+        ),
         origin: Some(origin),
         node_name: node_name.map(str::to_owned),
         whereabouts: Some(whereabouts),
