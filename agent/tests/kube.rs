@@ -831,3 +831,37 @@ fn scan_and_release_from_report_cover_whereabouts() {
         "{journal}"
     );
 }
+
+/// The ClusterRole grants exactly what the Kubernetes source uses: pods
+/// read, events created and patched, IPPools read/watched/patched,
+/// OverlappingRangeIPReservations read and deleted; nothing else.
+#[test]
+fn rbac_grants_only_what_the_kubernetes_source_uses() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/serviceaccount.yaml")).unwrap();
+    let list = |line: &str| -> Vec<String> {
+        let inner = line.split_once('[').and_then(|(_, r)| r.split_once(']')).map(|(l, _)| l).unwrap_or_default();
+        inner.split(',').map(|s| s.trim().trim_matches('"').to_owned()).collect()
+    };
+    let mut rules = Vec::new();
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if let Some(groups) = line.trim().strip_prefix("- apiGroups:") {
+            let resources = lines.next().unwrap();
+            let verbs = lines.next().unwrap();
+            assert!(resources.trim().starts_with("resources:") && verbs.trim().starts_with("verbs:"), "{line}");
+            rules.push((list(groups), list(resources), list(verbs)));
+        }
+    }
+    let rule = |g: &str, r: &str, v: &[&str]| {
+        (vec![g.to_owned()], vec![r.to_owned()], v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+    };
+    assert_eq!(
+        rules,
+        vec![
+            rule("", "pods", &["get", "list", "watch"]),
+            rule("events.k8s.io", "events", &["create", "patch"]),
+            rule("whereabouts.cni.cncf.io", "ippools", &["get", "list", "watch", "patch"]),
+            rule("whereabouts.cni.cncf.io", "overlappingrangeipreservations", &["get", "list", "delete"]),
+        ]
+    );
+}
