@@ -78,6 +78,18 @@ impl Setup {
     }
 }
 
+/// The agent's current verdicts on whereabouts allocations, by IP (one
+/// /state request).
+fn wb_verdicts(agent: &Agent) -> std::collections::HashMap<String, Value> {
+    agent.state()["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["reservation"]["store"]["kind"] == "whereabouts")
+        .filter_map(|v| Some((v["reservation"]["ip"].as_str()?.to_owned(), v.clone())))
+        .collect()
+}
+
 /// The agent's current verdict on a whereabouts allocation of `ip`.
 fn wb_verdict(agent: &Agent, ip: &str) -> Option<Value> {
     agent.state()["verdicts"]
@@ -268,8 +280,9 @@ fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
     assert_eq!(allocations(&api, &pool).len(), PODS);
     // The agent knows each pod is Pending and named by its container's run.
     let all_named = wait_until(Duration::from_secs(20), || {
+        let verdicts = wb_verdicts(&agent);
         sandboxes.iter().all(|(_, ip, _)| {
-            wb_verdict(&agent, ip).is_some_and(|v| has_fact(&v, "api_pending_pod_named_by_cni_run"))
+            verdicts.get(ip).is_some_and(|v| has_fact(v, "api_pending_pod_named_by_cni_run"))
         })
     });
     assert!(
@@ -326,8 +339,9 @@ fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
             .all(|p| p["body"][2]["op"] != "remove"),
         "no release was even tried"
     );
+    let verdicts = wb_verdicts(&agent);
     for (_, ip, _) in &sandboxes {
-        let v = wb_verdict(&agent, ip).unwrap();
+        let v = &verdicts[ip];
         assert_eq!(v["status"], "in_use", "{v:#}");
     }
 
@@ -864,4 +878,69 @@ fn rbac_grants_only_what_the_kubernetes_source_uses() {
             rule("whereabouts.cni.cncf.io", "overlappingrangeipreservations", &["get", "list", "delete"]),
         ]
     );
+}
+
+/// Events people can see: a sandbox whose DEL keeps failing (multus #1498)
+/// gets a SandboxStuck warning on its pod; an IP whose owner's netns died
+/// while another netns has it configured gets an IPConflict warning, and is
+/// not released.
+#[test]
+fn events_for_a_stuck_sandbox_and_a_conflict() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.14.0/24");
+    let plugin = WbPlugin::install(setup.dir.path());
+    let failing = setup.dir.path().join("failing-del");
+    std::fs::write(&failing, "#!/bin/sh\ncat >/dev/null\necho '{\"code\":11,\"msg\":\"no cache\"}'\nexit 1\n").unwrap();
+    std::fs::set_permissions(&failing, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let agent = setup.agent(&api, &[]);
+
+    // Stuck: ADD, then DEL fails three times.
+    let stuck = Sandbox::new();
+    let ip_stuck = plugin.add(&api, &pool, &stuck, "nrk-ns", "stuck");
+    stuck.configure(&ip_stuck);
+    for _ in 0..3 {
+        let status = std::process::Command::new(&failing)
+            .env("CNI_COMMAND", "DEL")
+            .env("CNI_CONTAINERID", &stuck.container_id)
+            .env("CNI_NETNS", &stuck.path)
+            .env("CNI_IFNAME", "eth0")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success());
+    }
+    let warned = wait_until(Duration::from_secs(10), || !api.events_regarding("Pod", "stuck").is_empty());
+    assert!(
+        warned.is_some(),
+        "a SandboxStuck event; attachments: {:#}\nevents: {:#}",
+        agent.state()["attachments"],
+        api.get("/apis/events.k8s.io/v1/events")
+    );
+    let event = &api.events_regarding("Pod", "stuck")[0];
+    assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("SandboxStuck"), Some("Warning")), "{event}");
+    assert!(event["note"].as_str().unwrap().contains("DEL failed 3 times"), "{event}");
+
+    // Conflict: the owner's netns dies while another netns has its IP.
+    let mut owner = Sandbox::new();
+    let ip = plugin.add(&api, &pool, &owner, "nrk-ns", "owner");
+    owner.configure(&ip);
+    assert!(wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip).is_some()).is_some(), "{}", agent.log());
+    let squatter = Sandbox::new();
+    squatter.configure(&ip);
+    owner.delete_netns();
+    let conflict = wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip).is_some_and(|v| v["status"] == "conflict"));
+    assert!(conflict.is_some(), "{:#}\n{}", agent.state()["verdicts"], agent.log());
+    let warned = wait_until(Duration::from_secs(10), || !api.events_regarding("Pod", "owner").is_empty());
+    assert!(warned.is_some(), "an IPConflict event; log:\n{}", agent.log());
+    let event = &api.events_regarding("Pod", "owner")[0];
+    assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("IPConflict"), Some("Warning")), "{event}");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(allocations(&api, &pool).values().any(|a| a["podref"] == "nrk-ns/owner"), "a conflict is never released");
+    assert_eq!(api.events_regarding("Pod", "owner").len(), 1, "reported once, not on every reconcile");
 }

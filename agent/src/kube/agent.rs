@@ -88,17 +88,23 @@ pub fn add_pods(
 pub fn stuck_sandboxes(ledger: &Ledger, now: SystemTime) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for a in ledger.attachments() {
-        let failed_dels = a
-            .operations
+        // Per plugin binary: a script plugin's helpers (they inherit CNI_*)
+        // succeed while the plugin itself fails, so runs are told apart by
+        // their binary. Stuck: its DEL failed again and again, and the last
+        // one failed too.
+        let mut dels: BTreeMap<&str, (usize, bool)> = BTreeMap::new();
+        for op in a.operations.iter().filter(|op| op.command == "DEL" && !op.in_flight()) {
+            let failed = op.result() == "failure";
+            let entry = dels.entry(op.plugin.as_str()).or_default();
+            entry.0 += usize::from(failed);
+            entry.1 = failed;
+        }
+        let failing = dels
             .iter()
-            .rev()
-            .take_while(|op| op.command == "DEL" && op.result() == "failure")
-            .count();
-        if failed_dels >= STUCK_FAILED_DELS {
-            out.push((
-                a.container_id.clone(),
-                format!("CNI DEL failed {failed_dels} times in a row"),
-            ));
+            .find(|(_, (failures, last_failed))| *last_failed && *failures >= STUCK_FAILED_DELS);
+        if let Some((plugin, (failures, _))) = failing {
+            let why = format!("CNI DEL failed {failures} times ({plugin}), the last one too");
+            out.push((a.container_id.clone(), why));
             continue;
         }
         let long = a.operations.iter().filter(|op| op.in_flight()).find(|op| {

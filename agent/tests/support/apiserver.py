@@ -254,11 +254,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def send(self, code, obj):
         data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            # The client went away (a watch cancelled, an agent stopped).
+            self.close_connection = True
 
     def handle_any(self, method):
         url = urlparse(self.path)
