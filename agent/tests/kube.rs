@@ -282,7 +282,9 @@ fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
     let all_named = wait_until(Duration::from_secs(20), || {
         let verdicts = wb_verdicts(&agent);
         sandboxes.iter().all(|(_, ip, _)| {
-            verdicts.get(ip).is_some_and(|v| has_fact(v, "api_pending_pod_named_by_cni_run"))
+            verdicts
+                .get(ip)
+                .is_some_and(|v| has_fact(v, "api_pending_pod_named_by_cni_run"))
         })
     });
     assert!(
@@ -851,10 +853,21 @@ fn scan_and_release_from_report_cover_whereabouts() {
 /// OverlappingRangeIPReservations read and deleted; nothing else.
 #[test]
 fn rbac_grants_only_what_the_kubernetes_source_uses() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/serviceaccount.yaml")).unwrap();
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/serviceaccount.yaml"
+    ))
+    .unwrap();
     let list = |line: &str| -> Vec<String> {
-        let inner = line.split_once('[').and_then(|(_, r)| r.split_once(']')).map(|(l, _)| l).unwrap_or_default();
-        inner.split(',').map(|s| s.trim().trim_matches('"').to_owned()).collect()
+        let inner = line
+            .split_once('[')
+            .and_then(|(_, r)| r.split_once(']'))
+            .map(|(l, _)| l)
+            .unwrap_or_default();
+        inner
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_owned())
+            .collect()
     };
     let mut rules = Vec::new();
     let mut lines = text.lines().peekable();
@@ -862,20 +875,35 @@ fn rbac_grants_only_what_the_kubernetes_source_uses() {
         if let Some(groups) = line.trim().strip_prefix("- apiGroups:") {
             let resources = lines.next().unwrap();
             let verbs = lines.next().unwrap();
-            assert!(resources.trim().starts_with("resources:") && verbs.trim().starts_with("verbs:"), "{line}");
+            assert!(
+                resources.trim().starts_with("resources:") && verbs.trim().starts_with("verbs:"),
+                "{line}"
+            );
             rules.push((list(groups), list(resources), list(verbs)));
         }
     }
     let rule = |g: &str, r: &str, v: &[&str]| {
-        (vec![g.to_owned()], vec![r.to_owned()], v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+        (
+            vec![g.to_owned()],
+            vec![r.to_owned()],
+            v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(),
+        )
     };
     assert_eq!(
         rules,
         vec![
             rule("", "pods", &["get", "list", "watch"]),
             rule("events.k8s.io", "events", &["create", "patch"]),
-            rule("whereabouts.cni.cncf.io", "ippools", &["get", "list", "watch", "patch"]),
-            rule("whereabouts.cni.cncf.io", "overlappingrangeipreservations", &["get", "list", "delete"]),
+            rule(
+                "whereabouts.cni.cncf.io",
+                "ippools",
+                &["get", "list", "watch", "patch"]
+            ),
+            rule(
+                "whereabouts.cni.cncf.io",
+                "overlappingrangeipreservations",
+                &["get", "list", "delete"]
+            ),
         ]
     );
 }
@@ -895,8 +923,16 @@ fn events_for_a_stuck_sandbox_and_a_conflict() {
     let pool = api.create_pool("10.248.14.0/24");
     let plugin = WbPlugin::install(setup.dir.path());
     let failing = setup.dir.path().join("failing-del");
-    std::fs::write(&failing, "#!/bin/sh\ncat >/dev/null\necho '{\"code\":11,\"msg\":\"no cache\"}'\nexit 1\n").unwrap();
-    std::fs::set_permissions(&failing, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::write(
+        &failing,
+        "#!/bin/sh\ncat >/dev/null\necho '{\"code\":11,\"msg\":\"no cache\"}'\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &failing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let agent = setup.agent(&api, &[]);
 
     // Stuck: ADD, then DEL fails three times.
@@ -915,7 +951,9 @@ fn events_for_a_stuck_sandbox_and_a_conflict() {
             .unwrap();
         assert!(!status.success());
     }
-    let warned = wait_until(Duration::from_secs(10), || !api.events_regarding("Pod", "stuck").is_empty());
+    let warned = wait_until(Duration::from_secs(10), || {
+        !api.events_regarding("Pod", "stuck").is_empty()
+    });
     assert!(
         warned.is_some(),
         "a SandboxStuck event; attachments: {:#}\nevents: {:#}",
@@ -923,24 +961,121 @@ fn events_for_a_stuck_sandbox_and_a_conflict() {
         api.get("/apis/events.k8s.io/v1/events")
     );
     let event = &api.events_regarding("Pod", "stuck")[0];
-    assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("SandboxStuck"), Some("Warning")), "{event}");
-    assert!(event["note"].as_str().unwrap().contains("DEL failed 3 times"), "{event}");
+    assert_eq!(
+        (event["reason"].as_str(), event["type"].as_str()),
+        (Some("SandboxStuck"), Some("Warning")),
+        "{event}"
+    );
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .contains("DEL failed 3 times"),
+        "{event}"
+    );
 
     // Conflict: the owner's netns dies while another netns has its IP.
     let mut owner = Sandbox::new();
     let ip = plugin.add(&api, &pool, &owner, "nrk-ns", "owner");
     owner.configure(&ip);
-    assert!(wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip).is_some()).is_some(), "{}", agent.log());
+    assert!(
+        wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip)
+            .is_some())
+        .is_some(),
+        "{}",
+        agent.log()
+    );
     let squatter = Sandbox::new();
     squatter.configure(&ip);
     owner.delete_netns();
-    let conflict = wait_until(Duration::from_secs(10), || wb_verdict(&agent, &ip).is_some_and(|v| v["status"] == "conflict"));
-    assert!(conflict.is_some(), "{:#}\n{}", agent.state()["verdicts"], agent.log());
-    let warned = wait_until(Duration::from_secs(10), || !api.events_regarding("Pod", "owner").is_empty());
-    assert!(warned.is_some(), "an IPConflict event; log:\n{}", agent.log());
+    let conflict = wait_until(Duration::from_secs(10), || {
+        wb_verdict(&agent, &ip).is_some_and(|v| v["status"] == "conflict")
+    });
+    assert!(
+        conflict.is_some(),
+        "{:#}\n{}",
+        agent.state()["verdicts"],
+        agent.log()
+    );
+    let warned = wait_until(Duration::from_secs(10), || {
+        !api.events_regarding("Pod", "owner").is_empty()
+    });
+    assert!(
+        warned.is_some(),
+        "an IPConflict event; log:\n{}",
+        agent.log()
+    );
     let event = &api.events_regarding("Pod", "owner")[0];
-    assert_eq!((event["reason"].as_str(), event["type"].as_str()), (Some("IPConflict"), Some("Warning")), "{event}");
+    assert_eq!(
+        (event["reason"].as_str(), event["type"].as_str()),
+        (Some("IPConflict"), Some("Warning")),
+        "{event}"
+    );
     std::thread::sleep(Duration::from_secs(2));
-    assert!(allocations(&api, &pool).values().any(|a| a["podref"] == "nrk-ns/owner"), "a conflict is never released");
-    assert_eq!(api.events_regarding("Pod", "owner").len(), 1, "reported once, not on every reconcile");
+    assert!(
+        allocations(&api, &pool)
+            .values()
+            .any(|a| a["podref"] == "nrk-ns/owner"),
+        "a conflict is never released"
+    );
+    assert_eq!(
+        api.events_regarding("Pod", "owner").len(),
+        1,
+        "reported once, not on every reconcile"
+    );
+}
+
+/// The Pending-pod rule with the pod named only by CNI_ARGS of the
+/// container's CNI run (the pool names no pod): the allocation is kept
+/// while the pod is Pending, released once the pod is gone, and the Event
+/// lands on that pod.
+#[test]
+fn a_pending_pod_named_only_by_cni_args_keeps_its_allocation() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.15.0/24");
+    let plugin = WbPlugin::install(setup.dir.path());
+    let agent = setup.agent(&api, &[]);
+    api.create_pod("nrk-ns", "argsonly", NODE, "Pending", &[]);
+    let mut sandbox = Sandbox::new();
+    let ip = plugin.add_with(&api, &pool, &sandbox, "nrk-ns", "argsonly", false);
+    assert!(
+        allocations(&api, &pool).values().all(|a| a["podref"] == ""),
+        "the pool names no pod"
+    );
+    let named = wait_until(Duration::from_secs(10), || {
+        wb_verdict(&agent, &ip).is_some_and(|v| has_fact(&v, "api_pending_pod_named_by_cni_run"))
+    });
+    assert!(
+        named.is_some(),
+        "{:#}\n{}",
+        agent.state()["verdicts"],
+        agent.log()
+    );
+    sandbox.delete_netns();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        allocations(&api, &pool).len(),
+        1,
+        "kept while the pod is Pending"
+    );
+    assert_eq!(wb_verdict(&agent, &ip).unwrap()["status"], "in_use");
+
+    api.delete("/api/v1/namespaces/nrk-ns/pods/argsonly");
+    let released = wait_until(Duration::from_secs(10), || {
+        allocations(&api, &pool).is_empty()
+    });
+    assert!(
+        released.is_some(),
+        "released once the pod is gone; log:\n{}",
+        agent.log()
+    );
+    let event = wait_until(Duration::from_secs(10), || {
+        !api.events_regarding("Pod", "argsonly").is_empty()
+    });
+    assert!(event.is_some(), "the Event names the pod CNI_ARGS named");
 }

@@ -434,6 +434,11 @@ impl Agent {
         for record in batch {
             match record {
                 Ok(event) => {
+                    if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), &event)
+                        && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
+                    {
+                        k.on_cni_exec(task.tgid, &cid.value);
+                    }
                     if let KernelEvent::CniExit { task, exit } = &event {
                         tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
                     }

@@ -61,6 +61,50 @@ pub fn made_here(ledger: &Ledger, cache: &[CachedAttachment]) -> HashMap<String,
     seen
 }
 
+/// Containers whose pod is remembered from CNI_ARGS; past it the memory
+/// starts over (the pool's pod references and the API still name most).
+const MAX_CNI_PODS: usize = 65_536;
+
+/// The pod `K8S_POD_NAMESPACE`/`K8S_POD_NAME` in `CNI_ARGS` name, from a
+/// NUL-separated environment, when its `CNI_CONTAINERID` is `container_id`.
+#[must_use]
+pub fn pod_from_environ(path: &str, container_id: &str) -> Option<(String, String)> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(256 * 1024)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let vars: Vec<&[u8]> = bytes.split(|b| *b == 0).collect();
+    let value = |name: &str| {
+        vars.iter()
+            .find_map(|v| {
+                v.strip_prefix(name.as_bytes())
+                    .and_then(|rest| rest.strip_prefix(b"="))
+            })
+            .and_then(|v| std::str::from_utf8(v).ok())
+    };
+    if value("CNI_CONTAINERID")? != container_id {
+        return None;
+    }
+    pod_of_cni_args(value("CNI_ARGS")?)
+}
+
+/// `K8S_POD_NAMESPACE` and `K8S_POD_NAME` of a `CNI_ARGS` value
+/// (`IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;...`).
+#[must_use]
+pub fn pod_of_cni_args(args: &str) -> Option<(String, String)> {
+    let get = |key: &str| {
+        args.split(';')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    Some((get("K8S_POD_NAMESPACE")?, get("K8S_POD_NAME")?))
+}
+
 /// Sets `obs.api_pods` from a pod view, each pod with the containers whose
 /// CNI run named it (here: the pod references whereabouts wrote).
 pub fn add_pods(
@@ -93,7 +137,11 @@ pub fn stuck_sandboxes(ledger: &Ledger, now: SystemTime) -> Vec<(String, String)
         // their binary. Stuck: its DEL failed again and again, and the last
         // one failed too.
         let mut dels: BTreeMap<&str, (usize, bool)> = BTreeMap::new();
-        for op in a.operations.iter().filter(|op| op.command == "DEL" && !op.in_flight()) {
+        for op in a
+            .operations
+            .iter()
+            .filter(|op| op.command == "DEL" && !op.in_flight())
+        {
             let failed = op.result() == "failure";
             let entry = dels.entry(op.plugin.as_str()).or_default();
             entry.0 += usize::from(failed);
@@ -135,6 +183,10 @@ pub struct KubeAgent {
     dry_run: bool,
     /// The last scan of the pools for this node.
     scan: PoolScan,
+    /// Pods named by `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`) of
+    /// CNI runs, by container ID, read from the running plugin's
+    /// environment until the probes carry CNI_ARGS themselves.
+    cni_pods: BTreeMap<String, (String, String)>,
     /// Verdict keys already reported as conflicts, and containers already
     /// reported stuck: each gets an Event when it starts.
     conflicts: HashSet<std::path::PathBuf>,
@@ -185,6 +237,7 @@ impl KubeAgent {
             metrics: metrics.clone(),
             dry_run: config.dry_run,
             scan: PoolScan::default(),
+            cni_pods: BTreeMap::new(),
             conflicts: HashSet::new(),
             stuck: HashSet::new(),
             recovered: false,
@@ -211,7 +264,9 @@ impl KubeAgent {
         if let Some(v) = &view {
             self.metrics.set_kube_staleness("pods", v.staleness);
         }
-        add_pods(obs, view.and_then(|v| v.pods), &self.scan.pods);
+        let mut named = self.cni_pods.clone();
+        named.extend(self.scan.pods.iter().map(|(k, v)| (k.clone(), v.clone())));
+        add_pods(obs, view.and_then(|v| v.pods), &named);
     }
 
     /// This node's whereabouts reservations, decided.
@@ -281,10 +336,29 @@ impl KubeAgent {
     }
 
     /// The pod a container's CNI run named, when known.
+    /// A CNI plugin run started (kernel exec record): remember which pod
+    /// its `CNI_ARGS` name. Read from `/proc/<pid>/environ` while the plugin
+    /// runs, and only if that process still names the same container (a
+    /// reused pid names another); a run already gone is simply not learned,
+    /// which can only keep less, never release more.
+    pub fn on_cni_exec(&mut self, pid: u32, container_id: &str) {
+        if self.cni_pods.contains_key(container_id) {
+            return;
+        }
+        let Some(pod) = pod_from_environ(&format!("/proc/{pid}/environ"), container_id) else {
+            return;
+        };
+        if self.cni_pods.len() >= MAX_CNI_PODS {
+            self.cni_pods.clear();
+        }
+        self.cni_pods.insert(container_id.to_owned(), pod);
+    }
+
     fn pod_of(&self, container_id: &str) -> Option<Regarding> {
         self.scan
             .pods
             .get(container_id)
+            .or_else(|| self.cni_pods.get(container_id))
             .map(|(namespace, name)| Regarding::Pod {
                 namespace: namespace.clone(),
                 name: name.clone(),
@@ -385,6 +459,38 @@ pub fn is_whereabouts(store: &StoreRef) -> bool {
 mod tests {
     use super::*;
     use crate::engine::ApiPod;
+
+    #[test]
+    fn cni_args_name_a_pod_only_with_both_keys() {
+        let pod =
+            pod_of_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u");
+        assert_eq!(pod, Some(("ns".to_owned(), "p".to_owned())));
+        assert_eq!(pod_of_cni_args("K8S_POD_NAME=p"), None);
+        assert_eq!(pod_of_cni_args("K8S_POD_NAMESPACE=;K8S_POD_NAME=p"), None);
+        assert_eq!(pod_of_cni_args(""), None);
+    }
+
+    #[test]
+    fn an_environ_names_a_pod_only_for_its_own_container() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("environ");
+        std::fs::write(
+            &path,
+            b"PATH=/bin\0CNI_CONTAINERID=c1\0CNI_ARGS=K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p\0",
+        )
+        .unwrap();
+        let path = path.to_string_lossy().into_owned();
+        assert_eq!(
+            pod_from_environ(&path, "c1"),
+            Some(("ns".to_owned(), "p".to_owned()))
+        );
+        assert_eq!(
+            pod_from_environ(&path, "c2"),
+            None,
+            "a reused pid names another container"
+        );
+        assert_eq!(pod_from_environ("/nonexistent/environ", "c1"), None);
+    }
 
     #[test]
     fn pods_learn_which_containers_named_them() {

@@ -225,6 +225,8 @@ conf = json.load(sys.stdin)
 api, pool = conf["apiserver"], conf["pool"]
 args = dict(kv.split("=", 1) for kv in os.environ.get("CNI_ARGS", "").split(";") if "=" in kv)
 podref = args.get("K8S_POD_NAMESPACE", "") + "/" + args.get("K8S_POD_NAME", "")
+if not conf.get("write_podref", True):
+    podref = ""
 cid, ifname = os.environ["CNI_CONTAINERID"], os.environ["CNI_IFNAME"]
 def call(method, path, body=None, ctype="application/json"):
     req = urllib.request.Request(api + path, method=method, data=None if body is None else json.dumps(body).encode(), headers={"Content-Type": ctype})
@@ -274,9 +276,23 @@ impl WbPlugin {
         namespace: &str,
         name: &str,
     ) -> String {
+        self.add_with(api, pool, sandbox, namespace, name, true)
+    }
+
+    /// CNI ADD; with `write_podref` false the allocation names no pod (only
+    /// CNI_ARGS of the run does).
+    pub fn add_with(
+        &self,
+        api: &ApiServer,
+        pool: &str,
+        sandbox: &Sandbox,
+        namespace: &str,
+        name: &str,
+        write_podref: bool,
+    ) -> String {
         let conf = json!({
             "cniVersion": "1.0.0", "name": "wbnet", "type": "whereabouts",
-            "apiserver": format!("http://{}", api.addr), "pool": pool,
+            "apiserver": format!("http://{}", api.addr), "pool": pool, "write_podref": write_podref,
         });
         let mut child = Command::new(&self.path)
             .env("CNI_COMMAND", "ADD")
