@@ -71,6 +71,8 @@ pub fn main(args: &ReleaseArgs) -> anyhow::Result<()> {
             &whereabouts,
             config.dry_run,
             |r| decide_one(&obs, r, now, &policy),
+            // No model in a one-shot command: every netns the kernel lists.
+            &mut netreap::release::lastlook::KernelLook::default(),
         ))?);
     }
     if args.json {

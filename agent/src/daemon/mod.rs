@@ -547,9 +547,15 @@ impl Agent {
             self.arm_last_look();
         }
         let mut records = self.releaser.release_orphaned(&verdicts[..local])?;
-        if let Some(k) = self.kube.as_mut() {
+        if self.kube.is_some() {
             let policy = self.policy;
-            records.extend(k.release(&verdicts[local..], |r| decide_one(&obs, r, SystemTime::now(), &policy)).await?);
+            // Its own last look (it asks the kernel only when a release
+            // comes to it): the host-local one gathered before its releases.
+            let mut look = self.kernel_look();
+            let reverify = |r: &crate::ipam::Reservation| decide_one(&obs, r, SystemTime::now(), &policy);
+            if let Some(k) = self.kube.as_mut() {
+                records.extend(k.release(&verdicts[local..], reverify, &mut look).await?);
+            }
         }
         if let Some(k) = self.kube.as_mut() {
             k.notify(&verdicts, &records, &self.ledger);
@@ -610,6 +616,12 @@ impl Agent {
     /// netns the model knows alive and any process netns it does not, and
     /// the ledger's runs in flight.
     fn arm_last_look(&mut self) {
+        let look = self.kernel_look();
+        self.releaser.set_last_look(Box::new(look));
+    }
+
+    /// A last look for one batch of releases, with the model's netns.
+    fn kernel_look(&self) -> crate::release::lastlook::KernelLook {
         let (mut nsids, mut inodes) = (Vec::new(), std::collections::HashSet::new());
         if let Ok(s) = self.state.lock()
             && let Some(model) = &s.model
@@ -622,7 +634,7 @@ impl Agent {
         }
         let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
         let bin_dirs = crate::release::lastlook::DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect();
-        self.releaser.set_last_look(Box::new(crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)));
+        crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)
     }
 
     fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {

@@ -288,6 +288,7 @@ impl KubeAgent {
         &mut self,
         verdicts: &[Verdict],
         reverify: impl Fn(&crate::ipam::Reservation) -> Verdict,
+        look: &mut dyn crate::release::lastlook::LastLook,
     ) -> Result<Vec<ReleaseRecord>, JournalError> {
         let mut records = Vec::new();
         if !self.recovered {
@@ -301,6 +302,7 @@ impl KubeAgent {
                         &intent.verdict.reservation,
                         false,
                         &reverify,
+                        &mut *look,
                     )
                     .await
                 };
@@ -321,7 +323,7 @@ impl KubeAgent {
             }
             let intent = self.journal.record_intent(v, self.dry_run)?;
             let outcome =
-                whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify).await;
+                whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify, &mut *look).await;
             self.journal.record_outcome(&intent.id, &outcome, None)?;
             info!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
             records.push(ReleaseRecord {

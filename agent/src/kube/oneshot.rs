@@ -101,6 +101,7 @@ pub async fn release_reviewed(
     reviewed: &[crate::engine::Verdict],
     dry_run: bool,
     reverify: impl Fn(&crate::ipam::Reservation) -> crate::engine::Verdict,
+    look: &mut dyn crate::release::lastlook::LastLook,
 ) -> Result<Vec<crate::release::ReleaseRecord>, crate::release::JournalError> {
     use crate::{
         engine::Status,
@@ -135,7 +136,7 @@ pub async fn release_reviewed(
             continue;
         }
         let intent = journal.record_intent(&fresh, dry_run)?;
-        let outcome = whereabouts::release(&shot.client, &v.reservation, dry_run, &reverify).await;
+        let outcome = whereabouts::release(&shot.client, &v.reservation, dry_run, &reverify, look).await;
         journal.record_outcome(&intent.id, &outcome, Some(&fresh))?;
         records.push(ReleaseRecord {
             intent_id: Some(intent.id),

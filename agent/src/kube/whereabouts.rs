@@ -27,7 +27,10 @@ use super::{KubeError, timed};
 use crate::{
     engine::{Status, Verdict},
     ipam::{Anomaly, AnomalyKind, Reservation, StoreRef, StoreScan},
-    release::Outcome,
+    release::{
+        Outcome,
+        lastlook::{LastLook, LookFound},
+    },
 };
 
 pub const GROUP: &str = "whereabouts.cni.cncf.io";
@@ -336,13 +339,20 @@ fn current(pool: &IpPool, loc: &Location, r: &Reservation) -> Current {
 
 /// Releases one whereabouts reservation whose verdict is orphaned: re-read
 /// the pool, check the allocation still names the same container, decide
-/// again with `reverify`, then patch with tests. A refused patch (409/422)
-/// starts over from the re-read. Never forces anything.
+/// again with `reverify`, take the last look at the kernel (`look`: is the
+/// IP configured anywhere now, is a CNI run of the container running?),
+/// then patch with tests. A refused patch (409/422) starts over from the
+/// re-read. Never forces anything.
+///
+/// The last look and the patch are not under one lock as with host-local;
+/// the patch's resourceVersion test stands in for it: whereabouts hands an
+/// IP out only by writing the pool, which would fail the test.
 pub async fn release(
     client: &Client,
     r: &Reservation,
     dry_run: bool,
     mut reverify: impl FnMut(&Reservation) -> Verdict,
+    look: &mut dyn LastLook,
 ) -> Outcome {
     let loc = match location(r) {
         Ok(loc) => loc,
@@ -370,6 +380,12 @@ pub async fn release(
             return Outcome::Kept {
                 status: verdict.status,
                 reason: verdict.summary,
+            };
+        }
+        if let Err(found) = look.before_unlink(&fresh) {
+            return Outcome::LastLookKept {
+                ip_configured: matches!(found, LookFound::IpConfigured { .. }),
+                found: found.to_string(),
             };
         }
         let Some(rv) = pool.metadata.resource_version.clone() else {
