@@ -322,8 +322,14 @@ impl KubeAgent {
                 continue;
             }
             let intent = self.journal.record_intent(v, self.dry_run)?;
-            let outcome =
-                whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify, &mut *look).await;
+            let outcome = whereabouts::release(
+                &self.client,
+                &v.reservation,
+                self.dry_run,
+                &reverify,
+                &mut *look,
+            )
+            .await;
             self.journal.record_outcome(&intent.id, &outcome, None)?;
             info!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
             records.push(ReleaseRecord {

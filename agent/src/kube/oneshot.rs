@@ -136,7 +136,8 @@ pub async fn release_reviewed(
             continue;
         }
         let intent = journal.record_intent(&fresh, dry_run)?;
-        let outcome = whereabouts::release(&shot.client, &v.reservation, dry_run, &reverify, look).await;
+        let outcome =
+            whereabouts::release(&shot.client, &v.reservation, dry_run, &reverify, look).await;
         journal.record_outcome(&intent.id, &outcome, Some(&fresh))?;
         records.push(ReleaseRecord {
             intent_id: Some(intent.id),
