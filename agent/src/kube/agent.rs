@@ -39,6 +39,9 @@ pub const JOURNAL_SUBDIR: &str = "whereabouts";
 /// A failed DEL repeated this many times in a row makes a sandbox stuck
 /// (multus #1498: DEL without a cache fails forever).
 pub const STUCK_FAILED_DELS: usize = 3;
+/// After a whereabouts release failed (API unreachable, or a pool that kept
+/// changing), the next is tried this much later.
+pub const API_BACKOFF: Duration = Duration::from_secs(30);
 /// A CNI run in flight this long makes a sandbox stuck.
 pub const STUCK_IN_FLIGHT: Duration = Duration::from_mins(2);
 
@@ -192,6 +195,9 @@ pub struct KubeAgent {
     conflicts: HashSet<std::path::PathBuf>,
     stuck: HashSet<String>,
     recovered: bool,
+    /// No whereabouts release is tried before then: the API failed one
+    /// (a hung API must not hold every reconcile for a timeout per IP).
+    api_backoff_until: Option<std::time::Instant>,
     crd_missing_logged: bool,
 }
 
@@ -207,8 +213,16 @@ impl KubeAgent {
             }
             Ok(KubeSource::On { client, origin }) => (client, origin),
             // A kubeconfig that was asked for and cannot be used is an error
-            // a person must see; in a pod, the same.
-            Err(e) => return Err(e).context("Kubernetes configuration"),
+            // a person must see at start.
+            Err(e) if config.kubeconfig.is_some() => {
+                return Err(e).context("Kubernetes configuration");
+            }
+            // In a pod, an optional source that cannot be set up is off, said
+            // loudly; the agent works without it.
+            Err(e) => {
+                warn!("Kubernetes source off: the in-cluster configuration cannot be used: {e}");
+                return Ok(None);
+            }
         };
         let pods = config
             .node_name
@@ -241,6 +255,7 @@ impl KubeAgent {
             conflicts: HashSet::new(),
             stuck: HashSet::new(),
             recovered: false,
+            api_backoff_until: None,
             crd_missing_logged: false,
         }))
     }
@@ -291,6 +306,15 @@ impl KubeAgent {
         look: &mut dyn crate::release::lastlook::LastLook,
     ) -> Result<Vec<ReleaseRecord>, JournalError> {
         let mut records = Vec::new();
+        // The pool watch failing says the API is away: nothing can be
+        // re-read or patched, so nothing is tried (verdicts stay as they are).
+        if self.pools.last_error().is_some()
+            || self
+                .api_backoff_until
+                .is_some_and(|t| std::time::Instant::now() < t)
+        {
+            return Ok(records);
+        }
         if !self.recovered {
             self.recovered = true;
             for intent in self.journal.pending().to_vec() {
@@ -332,6 +356,7 @@ impl KubeAgent {
             .await;
             self.journal.record_outcome(&intent.id, &outcome, None)?;
             info!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
+            let failed = matches!(outcome, Outcome::Failed { .. });
             records.push(ReleaseRecord {
                 intent_id: Some(intent.id),
                 dry_run: self.dry_run,
@@ -339,11 +364,16 @@ impl KubeAgent {
                 outcome,
                 reverified: None,
             });
+            if failed {
+                // The rest would most likely fail the same way, each after a
+                // timeout: try again after a pause.
+                self.api_backoff_until = Some(std::time::Instant::now() + API_BACKOFF);
+                break;
+            }
         }
         Ok(records)
     }
 
-    /// The pod a container's CNI run named, when known.
     /// A CNI plugin run started (kernel exec record): remember which pod
     /// its `CNI_ARGS` name. Read from `/proc/<pid>/environ` while the plugin
     /// runs, and only if that process still names the same container (a
@@ -362,6 +392,7 @@ impl KubeAgent {
         self.cni_pods.insert(container_id.to_owned(), pod);
     }
 
+    /// The pod a container's CNI run named, when known.
     fn pod_of(&self, container_id: &str) -> Option<Regarding> {
         self.scan
             .pods
