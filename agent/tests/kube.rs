@@ -373,6 +373,23 @@ fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
         gone_ips.iter().all(|ip| !left.contains(ip)),
         "exactly theirs: {gone_ips:?} vs {left:?}"
     );
+    // Each with a patch that tested the pool's resourceVersion and the
+    // allocation's owner, and an Event on its pod.
+    let patches = patches_of(&api, &pool);
+    for (sandbox, _, name) in sandboxes.iter().take(GONE) {
+        let applied: Vec<&Value> = patches
+            .iter()
+            .filter(|p| p["body"][1]["value"] == sandbox.container_id.as_str() && p["status"] == 200)
+            .collect();
+        assert_eq!(applied.len(), 1, "{name}: {patches:#?}");
+        assert_eq!(applied[0]["body"][0]["op"], "test");
+        assert_eq!(applied[0]["body"][0]["path"], "/metadata/resourceVersion");
+        assert_eq!(applied[0]["body"][2]["op"], "remove");
+        let event = wait_until(Duration::from_secs(10), || {
+            api.events_regarding("Pod", name).iter().any(|e| e["reason"] == "LeakedIPReleased")
+        });
+        assert!(event.is_some(), "an Event on {name}");
+    }
 }
 
 /// An allocation made on another node (a container this node's CNI never
