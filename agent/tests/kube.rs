@@ -240,6 +240,22 @@ fn a_dead_netns_allocation_is_released_with_a_tested_patch_and_an_event_on_its_p
     assert_eq!(event["type"], "Normal");
     assert_eq!(event["regarding"]["namespace"], "nrk-ns");
     assert!(event["note"].as_str().unwrap().contains(&ip), "{event}");
+    // The node's pods: listed and watched with the field selector, with
+    // bookmarks.
+    let pod_watches: Vec<Value> = api
+        .log()
+        .into_iter()
+        .filter(|r| r["path"] == "/api/v1/pods" && r["query"]["watch"] == "true")
+        .collect();
+    assert!(!pod_watches.is_empty(), "the pods are watched");
+    for w in &pod_watches {
+        assert_eq!(
+            w["query"]["fieldSelector"],
+            format!("spec.nodeName={NODE}").as_str(),
+            "{w}"
+        );
+        assert_eq!(w["query"]["allowWatchBookmarks"], "true", "{w}");
+    }
     let release = agent.events_named("release");
     assert!(
         release
@@ -379,14 +395,18 @@ fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
     for (sandbox, _, name) in sandboxes.iter().take(GONE) {
         let applied: Vec<&Value> = patches
             .iter()
-            .filter(|p| p["body"][1]["value"] == sandbox.container_id.as_str() && p["status"] == 200)
+            .filter(|p| {
+                p["body"][1]["value"] == sandbox.container_id.as_str() && p["status"] == 200
+            })
             .collect();
         assert_eq!(applied.len(), 1, "{name}: {patches:#?}");
         assert_eq!(applied[0]["body"][0]["op"], "test");
         assert_eq!(applied[0]["body"][0]["path"], "/metadata/resourceVersion");
         assert_eq!(applied[0]["body"][2]["op"], "remove");
         let event = wait_until(Duration::from_secs(10), || {
-            api.events_regarding("Pod", name).iter().any(|e| e["reason"] == "LeakedIPReleased")
+            api.events_regarding("Pod", name)
+                .iter()
+                .any(|e| e["reason"] == "LeakedIPReleased")
         });
         assert!(event.is_some(), "an Event on {name}");
     }
@@ -1095,4 +1115,92 @@ fn a_pending_pod_named_only_by_cni_args_keeps_its_allocation() {
         !api.events_regarding("Pod", "argsonly").is_empty()
     });
     assert!(event.is_some(), "the Event names the pod CNI_ARGS named");
+}
+
+/// The stand-in API server itself enforces the conventions the other tests
+/// rely on (so they cannot pass by a mock agreeing with our client).
+#[test]
+fn the_stand_in_api_server_enforces_the_conventions() {
+    if !python_present() {
+        return;
+    }
+    let setup = Setup::new();
+    let api = ApiServer::start(setup.dir.path());
+    let pool = api.create_pool("10.248.16.0/24");
+    let path = ApiServer::pool_path(&pool);
+    let rv0 = rv(&api.pool(&pool)).to_string();
+    let jp = "application/json-patch+json";
+    let add = json!([{ "op": "test", "path": "/metadata/resourceVersion", "value": rv0 },
+                     { "op": "add", "path": "/spec/allocations/1", "value": { "id": "c1", "podref": "a/b" } }]);
+    assert_eq!(api.request("PATCH", &path, jp, Some(&add)).0, 200);
+    assert_eq!(
+        api.request("PATCH", &path, jp, Some(&add)).0,
+        422,
+        "a stale resourceVersion test fails"
+    );
+    let wrong_owner = json!([{ "op": "test", "path": "/spec/allocations/1/id", "value": "c2" },
+                             { "op": "remove", "path": "/spec/allocations/1" }]);
+    assert_eq!(
+        api.request("PATCH", &path, jp, Some(&wrong_owner)).0,
+        422,
+        "a failed test applies nothing"
+    );
+    assert_eq!(allocations(&api, &pool)["1"]["id"], "c1");
+    let missing = json!([{ "op": "remove", "path": "/spec/allocations/9" }]);
+    assert_eq!(api.request("PATCH", &path, jp, Some(&missing)).0, 422);
+    let mut stale = api.pool(&pool);
+    stale["metadata"]["resourceVersion"] = json!(rv0);
+    assert_eq!(
+        api.request("PUT", &path, "application/json", Some(&stale))
+            .0,
+        409,
+        "a stale update conflicts"
+    );
+    let merge =
+        json!({ "metadata": { "resourceVersion": rv0 }, "spec": { "range": "10.0.0.0/8" } });
+    assert_eq!(
+        api.request("PATCH", &path, "application/merge-patch+json", Some(&merge))
+            .0,
+        409
+    );
+    let pre = json!({ "preconditions": { "resourceVersion": rv0 } });
+    assert_eq!(
+        api.request("DELETE", &path, "application/json", Some(&pre))
+            .0,
+        409,
+        "a failed precondition keeps it"
+    );
+    assert_eq!(
+        api.request(
+            "POST",
+            &format!("{}/namespaces/kube-system/ippools", support::kube::IPPOOLS),
+            "application/json",
+            Some(&json!({ "metadata": { "name": pool } }))
+        )
+        .0,
+        409
+    );
+    assert_eq!(
+        api.request(
+            "GET",
+            "/api/v1/pods?fieldSelector=status.phase%3DRunning",
+            "application/json",
+            None
+        )
+        .0,
+        400,
+        "unindexed fields are refused"
+    );
+    api.create_pod("nrk-ns", "here", NODE, "Running", &[]);
+    api.create_pod("nrk-ns", "there", "nrk-other-node", "Running", &[]);
+    let listed = api.get(&format!(
+        "/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}"
+    ));
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["here"]);
 }
