@@ -43,8 +43,8 @@ enum Command {
     /// A self-contained demo on real namespaces and Debian's CNI plugins: leaks
     /// made like containerd #12130, released by the real agent as the netns die.
     Demo(cli::demo::DemoArgs),
-    /// Which optional sources of evidence are on (the Kubernetes API: pods,
-    /// whereabouts, Events), and why not when they are off.
+    /// Every source of evidence (kernel probes, netlink, IPAM stores, CNI
+    /// cache, container runtime, Kubernetes API): active or not, and why.
     Sources(cli::sources::SourcesArgs),
     /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
     Config(cli::config::ConfigArgs),
@@ -59,13 +59,13 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cli::run::main(&args),
         Command::Probes(args) => cli::probes::main(&args),
+        Command::Sources(args) => cli::sources::main(&args),
         Command::Netns(args) => cli::netns::main(&args),
         Command::Config(args) => cli::config::main(&args),
         Command::Scan(args) => cli::scan::main(&args),
         Command::Demo(args) => cli::demo::main(&args),
         Command::Release(args) => cli::release::main(&args),
         Command::Attachments(args) => cli::attachments::main(&args),
-        Command::Sources(args) => cli::sources::main(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

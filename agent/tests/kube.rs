@@ -732,18 +732,39 @@ fn netreap(args: &[&str], env_clear_kube: bool) -> (bool, String, String) {
     )
 }
 
+/// The rows `netreap sources --json` gives for the Kubernetes API and
+/// whereabouts: (state, detail) each.
+fn kube_rows(args: &[&str]) -> ((String, String), (String, String)) {
+    let (ok, out, err) = netreap(&[&["sources", "--json"][..], args].concat(), true);
+    assert!(ok, "{err}");
+    let rows: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let row = |id: &str| {
+        let r = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .unwrap_or_else(|| panic!("no {id} row: {out}"));
+        (
+            r["state"].as_str().unwrap().to_owned(),
+            r["detail"].as_str().unwrap().to_owned(),
+        )
+    };
+    (row("kubernetes"), row("whereabouts"))
+}
+
 /// `netreap sources` tells the truth: off without a kubeconfig (and not in
-/// a pod), on with the stand-in API server, unreachable when it is gone.
+/// a pod), active with the stand-in API server, unreachable when it is gone.
 #[test]
 fn sources_tell_whether_the_api_is_there() {
     if !python_present() {
         return;
     }
     let setup = Setup::new();
-    let (ok, out, err) = netreap(&["sources"], true);
-    assert!(ok, "{err}");
-    assert!(out.starts_with("kubernetes  off"), "{out}");
-    assert!(out.contains("no --kubeconfig"), "{out}");
+    let ((state, detail), (wb_state, _)) = kube_rows(&[]);
+    assert_eq!(state, "inactive", "{detail}");
+    assert!(detail.contains("no --kubeconfig"), "{detail}");
+    assert_eq!(wb_state, "inactive");
 
     let mut api = ApiServer::start(setup.dir.path());
     api.create_pool("10.248.12.0/24");
@@ -756,29 +777,23 @@ fn sources_tell_whether_the_api_is_there() {
         &["10.248.12.10"],
     );
     let kubeconfig = api.kubeconfig.to_string_lossy().into_owned();
-    let (ok, out, err) = netreap(
-        &["sources", "--kubeconfig", &kubeconfig, "--node-name", NODE],
-        true,
-    );
-    assert!(ok, "{err}");
-    assert!(out.starts_with("kubernetes  on"), "{out}");
-    assert!(out.contains("v1.33.0-netreap-standin"), "{out}");
+    let ((state, detail), (wb_state, wb_detail)) =
+        kube_rows(&["--kubeconfig", &kubeconfig, "--node-name", NODE]);
+    assert_eq!(state, "active", "{detail}");
+    assert!(detail.contains("v1.33.0-netreap-standin"), "{detail}");
     assert!(
-        out.contains(&format!("1 pods on node {NODE}")),
-        "the field selector counts this node's only: {out}"
+        detail.contains(&format!("1 pods on node {NODE}")),
+        "the field selector counts this node's only: {detail}"
     );
-    assert!(out.contains("1 IPPools"), "{out}");
-    let (_, json_out, _) = netreap(&["sources", "--json", "--kubeconfig", &kubeconfig], true);
-    let v: Value = serde_json::from_str(&json_out).unwrap();
-    assert_eq!(v["kubernetes"]["state"], "on");
+    assert_eq!(wb_state, "active", "{wb_detail}");
+    assert!(wb_detail.contains("1 IPPools"), "{wb_detail}");
 
     api.kill();
-    let (ok, out, err) = netreap(
-        &["sources", "--kubeconfig", &kubeconfig, "--node-name", NODE],
-        true,
-    );
-    assert!(ok, "{err}");
-    assert!(out.starts_with("kubernetes  unreachable"), "{out}");
+    let ((state, detail), (wb_state, _)) =
+        kube_rows(&["--kubeconfig", &kubeconfig, "--node-name", NODE]);
+    assert_eq!(state, "inactive", "{detail}");
+    assert!(detail.starts_with("unreachable"), "{detail}");
+    assert_eq!(wb_state, "inactive");
 }
 
 /// `scan` lists this node's whereabouts allocations (a CNI cache entry

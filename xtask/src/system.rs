@@ -1,6 +1,9 @@
-//! System packages the tests and the demo use: iproute2 (`ip`), util-linux
-//! (`unshare`, `nsenter`), Debian's real CNI plugins, and python3 (the
-//! tests' stand-in Kubernetes API server).
+//! System packages the build, the tests and the demo use: iproute2 (`ip`),
+//! util-linux (`unshare`, `nsenter`), Debian's real CNI plugins, protoc (the
+//! CRI protos are compiled at build time), and for the CRI tests the real
+//! containerd with runc, gcc (a static pause binary) and python3 (a test
+//! CNI plugin; the Kubernetes tests' stand-in API server and whereabouts
+//! plugin).
 
 use std::{path::Path, process::Command};
 
@@ -13,7 +16,12 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/sbin/ip", "iproute2"),
     ("/usr/bin/unshare", "util-linux"),
     ("/usr/bin/nsenter", "util-linux"),
-    // The stand-in Kubernetes API server and whereabouts plugin (tests).
+    ("/usr/bin/protoc", "protobuf-compiler"),
+    ("/usr/bin/containerd", "containerd"),
+    ("/usr/bin/ctr", "containerd"),
+    ("/usr/sbin/runc", "runc"),
+    ("/usr/bin/gcc", "gcc"),
+    ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
     ("/usr/bin/python3", "python3"),
 ];
 

@@ -7,6 +7,7 @@ pub mod evidence;
 pub mod oneshot;
 pub mod restore;
 mod report;
+mod runtime;
 
 use std::{
     collections::HashMap,
@@ -55,6 +56,7 @@ struct StateDoc {
     model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
     attachments: Vec<crate::ledger::Attachment>,
     verdicts: Vec<Verdict>,
+    runtime: Option<crate::engine::RuntimeView>,
 }
 
 impl StateDoc {
@@ -64,6 +66,7 @@ impl StateDoc {
             "model": self.model.as_deref(),
             "attachments": self.attachments,
             "verdicts": self.verdicts,
+            "runtime": self.runtime,
         })
     }
 }
@@ -98,6 +101,8 @@ struct Agent {
     state: Arc<Mutex<StateDoc>>,
     /// The Kubernetes API (pods, whereabouts, Events), when configured.
     kube: Option<crate::kube::agent::KubeAgent>,
+    /// The container runtime as a witness (daemon/runtime.rs).
+    runtime: runtime::RuntimeSource,
 }
 
 /// The HTTP endpoint task and how to stop it.
@@ -175,10 +180,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
         memory: Memory::default(),
-        resolver: StatResolver {
-            host_root: crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo),
-        },
+        resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
         state,
+        runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
         config,
         kube,
     };
@@ -189,7 +193,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     endpoint.readiness.mark_ready();
     info!(dry_run = agent.config.dry_run, "netreap ready");
 
-    agent.event_loop(&mut kernel, &mut deaths).await?;
+    let mut runtime_events = agent.runtime.follow_events();
+    agent.event_loop(&mut kernel, &mut deaths, &mut runtime_events).await?;
 
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
@@ -335,6 +340,7 @@ impl Agent {
         &mut self,
         kernel: &mut KernelStream,
         deaths: &mut tokio::sync::mpsc::Receiver<NetnsDeath>,
+        runtime_events: &mut tokio::sync::mpsc::Receiver<()>,
     ) -> anyhow::Result<()> {
         use anyhow::Context as _;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -373,6 +379,10 @@ impl Agent {
                     self.reconcile("netns_died").await?;
                     cni_reconcile_at = None;
                 }
+                Some(()) = runtime_events.recv() => {
+                    while runtime_events.try_recv().is_ok() {}
+                    self.reconcile("runtime_event").await?;
+                }
                 _ = resync.tick() => self.reconcile("interval").await?,
                 _ = recheck.tick(), if self.waiting_for_grace() => self.reconcile("grace").await?,
                 _ = housekeeping.tick() => self.housekeeping(kernel).await?,
@@ -391,7 +401,8 @@ impl Agent {
         self.arm_last_look();
         let records = self.releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
         for record in &records {
-            self.emit_release(record, "recovery", None)?;
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.emit_release(record, "recovery", None, pod)?;
         }
         Ok(())
     }
@@ -412,6 +423,8 @@ impl Agent {
             Some(&self.cache_first_seen),
         );
         let mut obs = obs;
+        let view = self.runtime.view(&mut self.events, &self.metrics).await?;
+        obs.set_runtime(view);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         if let Some(k) = self.kube.as_mut() {
@@ -542,7 +555,7 @@ impl Agent {
             scan.anomalies.extend_from_slice(k.anomalies());
         }
         self.report_anomalies(&scan.anomalies)?;
-        self.report_changes(&verdicts)?;
+        self.report_changes(&verdicts, &obs)?;
         if verdicts.iter().any(Verdict::is_orphaned) {
             self.arm_last_look();
         }
@@ -562,12 +575,15 @@ impl Agent {
         }
         for record in &records {
             let died_at = report::death_time(&record.verdict);
-            self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.emit_release(record, report::release_reason(&record.verdict), died_at, pod)?;
         }
+        self.runtime.report_stuck(&obs, &mut self.events, &self.metrics)?;
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
         let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
             s.verdicts = verdicts;
+            s.runtime = obs.runtime;
         }
         self.publish_attachments();
         tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
@@ -593,17 +609,18 @@ impl Agent {
         Ok(())
     }
 
-    fn report_changes(&mut self, verdicts: &[Verdict]) -> anyhow::Result<()> {
+    fn report_changes(&mut self, verdicts: &[Verdict], obs: &crate::engine::Observations) -> anyhow::Result<()> {
         let mut seen = HashMap::with_capacity(verdicts.len());
         for v in verdicts {
             let key = v.reservation.path.clone();
             let before = self.verdicts.get(&key).copied();
             if before != Some(v.status) {
-                self.events.emit(SystemTime::now(), "verdict_changed", &report::verdict_changed(v, before))?;
+                let pod = runtime::pod_of(obs, &v.reservation.container_id);
+                self.events.emit(SystemTime::now(), "verdict_changed", &report::with_pod(report::verdict_changed(v, before), pod))?;
                 if v.status == Status::Conflict {
                     self.metrics.conflict();
                     warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
-                    self.events.emit(SystemTime::now(), "conflict", &report::conflict(v))?;
+                    self.events.emit(SystemTime::now(), "conflict", &report::with_pod(report::conflict(v), pod))?;
                 }
             }
             seen.insert(key, v.status);
@@ -637,7 +654,13 @@ impl Agent {
         crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)
     }
 
-    fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {
+    fn emit_release(
+        &mut self,
+        record: &ReleaseRecord,
+        reason: &str,
+        died_at: Option<SystemTime>,
+        pod: Option<&crate::engine::PodRef>,
+    ) -> anyhow::Result<()> {
         let now = SystemTime::now();
         let latency = died_at.and_then(|d| now.duration_since(d).ok());
         let outcome = report::outcome_label(&record.outcome);
@@ -647,8 +670,9 @@ impl Agent {
                 self.metrics.observe_death_to_release(latency);
             }
         let r = &record.verdict.reservation;
-        info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
-        self.events.emit(now, "release", &report::release(record, reason, latency))?;
+        let pod_name = pod.map(ToString::to_string);
+        info!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
+        self.events.emit(now, "release", &report::with_pod(report::release(record, reason, latency), pod))?;
         if let crate::release::Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
             // The model said no live netns holds the IP; the kernel, asked
             // under the lock, said one does: both views, one event.

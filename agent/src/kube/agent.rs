@@ -190,6 +190,8 @@ pub struct KubeAgent {
     /// CNI runs, by container ID, read from the running plugin's
     /// environment until the probes carry CNI_ARGS themselves.
     cni_pods: BTreeMap<String, (String, String)>,
+    /// Every pod known by container ID at the last observation.
+    named: BTreeMap<String, (String, String)>,
     /// Verdict keys already reported as conflicts, and containers already
     /// reported stuck: each gets an Event when it starts.
     conflicts: HashSet<std::path::PathBuf>,
@@ -252,6 +254,7 @@ impl KubeAgent {
             dry_run: config.dry_run,
             scan: PoolScan::default(),
             cni_pods: BTreeMap::new(),
+            named: BTreeMap::new(),
             conflicts: HashSet::new(),
             stuck: HashSet::new(),
             recovered: false,
@@ -279,9 +282,19 @@ impl KubeAgent {
         if let Some(v) = &view {
             self.metrics.set_kube_staleness("pods", v.staleness);
         }
+        // Who named which pod: CNI_ARGS of the run, the container runtime's
+        // sandbox metadata, the pod reference whereabouts wrote.
         let mut named = self.cni_pods.clone();
+        if let Some(runtime) = &obs.runtime {
+            for (id, sandbox) in &runtime.sandboxes {
+                if let Some(pod) = &sandbox.pod {
+                    named.insert(id.clone(), (pod.namespace.clone(), pod.name.clone()));
+                }
+            }
+        }
         named.extend(self.scan.pods.iter().map(|(k, v)| (k.clone(), v.clone())));
         add_pods(obs, view.and_then(|v| v.pods), &named);
+        self.named = named;
     }
 
     /// This node's whereabouts reservations, decided.
@@ -394,8 +407,7 @@ impl KubeAgent {
 
     /// The pod a container's CNI run named, when known.
     fn pod_of(&self, container_id: &str) -> Option<Regarding> {
-        self.scan
-            .pods
+        self.named
             .get(container_id)
             .or_else(|| self.cni_pods.get(container_id))
             .map(|(namespace, name)| Regarding::Pod {

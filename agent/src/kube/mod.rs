@@ -179,9 +179,11 @@ pub struct KubeStatus {
     /// The node whose pods are evidence (`--node-name`/`NODE_NAME`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// Whether the whereabouts IPPool CRD answered a list.
+    /// What a list of whereabouts IPPools answered (None: not asked).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub whereabouts: Option<String>,
+    /// The IPPool list answered: the whereabouts store is usable.
+    pub whereabouts_active: bool,
 }
 
 impl std::fmt::Display for KubeStatus {
@@ -203,6 +205,7 @@ pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeS
         origin: None,
         node_name: None,
         whereabouts: None,
+        whereabouts_active: false,
     };
     let (client, origin) = match connect(kubeconfig).await {
         Ok(KubeSource::Off { reason }) => return off("off", reason),
@@ -218,6 +221,7 @@ pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeS
                 origin: Some(origin),
                 node_name: node_name.map(str::to_owned),
                 whereabouts: None,
+                whereabouts_active: false,
             };
         }
     };
@@ -228,10 +232,10 @@ pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeS
             Err(e) => format!("listing pods of node {node}: {e}"),
         },
     };
-    let whereabouts = match whereabouts::list_pools(&client).await {
-        Ok(pools) => format!("{} IPPools", pools.len()),
-        Err(e) if e.status_code() == Some(404) => "IPPool CRD not installed: store off".to_owned(),
-        Err(e) => format!("listing IPPools: {e}"),
+    let (whereabouts, whereabouts_active) = match whereabouts::list_pools(&client).await {
+        Ok(pools) => (format!("{} IPPools", pools.len()), true),
+        Err(e) if e.status_code() == Some(404) => ("IPPool CRD not installed".to_owned(), false),
+        Err(e) => (format!("listing IPPools: {e}"), false),
     };
     KubeStatus {
         state: "on",
@@ -242,5 +246,6 @@ pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeS
         origin: Some(origin),
         node_name: node_name.map(str::to_owned),
         whereabouts: Some(whereabouts),
+        whereabouts_active,
     }
 }

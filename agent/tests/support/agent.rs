@@ -62,8 +62,9 @@ impl Agent {
         Self::start_in(lab.dir.path(), &lab.netreap_dir_args(), wrapper, extra, env)
     }
 
-    /// Starts `netreap run` (through `wrapper`, if any) with its event file
-    /// and log in `dir` and `dir_args` pointing it at its stores.
+    /// Starts `netreap run` (through `wrapper`, if any) with its events and
+    /// log in `dir`, on the directories `dir_args` name (flags), and waits
+    /// until it is ready.
     pub fn start_in(
         dir: &std::path::Path,
         dir_args: &[std::ffi::OsString],
