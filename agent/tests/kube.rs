@@ -44,7 +44,7 @@ struct Setup {
 impl Setup {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        for d in ["networks", "cache/results", "state"] {
+        for d in ["networks", "cache/results", "state", "plugins"] {
             std::fs::create_dir_all(dir.path().join(d)).expect("dirs");
         }
         Self { dir }
@@ -59,6 +59,11 @@ impl Setup {
             p.join("cache/results").into(),
             "--state-dir".into(),
             p.join("state").into(),
+            // Only runs of binaries in these dirs count as CNI runs.
+            "--cni-bin-dir".into(),
+            p.join("plugins").into(),
+            "--cni-bin-dir".into(),
+            "/usr/lib/cni".into(),
         ]
     }
 
@@ -142,7 +147,7 @@ fn a_dead_netns_allocation_is_released_with_a_tested_patch_and_an_event_on_its_p
     let setup = Setup::new();
     let api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.7.0/24");
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let agent = setup.agent(&api, &[]);
 
     let mut sandbox = Sandbox::new();
@@ -282,7 +287,7 @@ fn pending_pods_keep_their_allocations_through_reconciles_whereabouts_162() {
     let setup = Setup::new();
     let api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.8.0/24");
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let agent = setup.agent(&api, &[]);
 
     let mut sandboxes = Vec::new();
@@ -439,7 +444,7 @@ fn another_nodes_allocation_is_never_touched() {
         "Running",
         &["10.248.9.100"],
     );
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let agent = setup.agent(&api, &["--in-flight-grace", "1s", "--orphan-grace", "1s"]);
 
     let mut ours = Sandbox::new();
@@ -509,7 +514,7 @@ fn a_concurrent_allocator_between_read_and_patch_makes_netreap_decide_again() {
     let api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.10.0/24");
     let pool_path = ApiServer::pool_path(&pool);
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let agent = setup.agent(&api, &[]);
 
     // (a) another IP allocated in between.
@@ -635,7 +640,7 @@ fn the_api_going_away_changes_no_verdict() {
     let setup = Setup::new();
     let mut api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.11.0/24");
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let mut agent = setup.agent(&api, &[]);
 
     let live = Sandbox::new();
@@ -809,7 +814,7 @@ fn scan_and_release_from_report_cover_whereabouts() {
     let setup = Setup::new();
     let api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.13.0/24");
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let mut sandbox = Sandbox::new();
     let ip = plugin.add(&api, &pool, &sandbox, "nrk-ns", "gone");
     let entry = json!({
@@ -973,8 +978,8 @@ fn events_for_a_stuck_sandbox_and_a_conflict() {
     let setup = Setup::new();
     let api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.14.0/24");
-    let plugin = WbPlugin::install(setup.dir.path());
-    let failing = setup.dir.path().join("failing-del");
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
+    let failing = setup.dir.path().join("plugins/failing-del");
     std::fs::write(
         &failing,
         "#!/bin/sh\ncat >/dev/null\necho '{\"code\":11,\"msg\":\"no cache\"}'\nexit 1\n",
@@ -1090,7 +1095,7 @@ fn a_pending_pod_named_only_by_cni_args_keeps_its_allocation() {
     let setup = Setup::new();
     let api = ApiServer::start(setup.dir.path());
     let pool = api.create_pool("10.248.15.0/24");
-    let plugin = WbPlugin::install(setup.dir.path());
+    let plugin = WbPlugin::install(&setup.dir.path().join("plugins"));
     let agent = setup.agent(&api, &[]);
     api.create_pod("nrk-ns", "argsonly", NODE, "Pending", &[]);
     let mut sandbox = Sandbox::new();

@@ -38,12 +38,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn possible() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: needs root to create network namespaces");
-        return false;
+        return support::skip("needs root to create network namespaces");
     }
     if Command::new("ip").arg("-V").output().is_err() {
-        eprintln!("skip: needs iproute2's `ip`");
-        return false;
+        return support::skip("needs iproute2's `ip`");
     }
     true
 }

@@ -29,18 +29,18 @@ use netreap::{
     release::{Journal, Outcome, Releaser, ReleaserConfig, release_reviewed, scan_report},
 };
 
+mod support;
+
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 
 /// The real plugin needs root (for `CNI_NETNS`) and the Debian package.
 fn real_plugin_possible() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: needs root to create network namespaces");
-        return false;
+        return support::skip("needs root to create network namespaces");
     }
     if !Path::new(HOST_LOCAL).exists() {
-        eprintln!("skip: {HOST_LOCAL} missing (Debian package containernetworking-plugins)");
-        return false;
+        return support::skip(&format!("{HOST_LOCAL} missing (Debian package containernetworking-plugins)"));
     }
     true
 }

@@ -29,11 +29,9 @@ pub fn python_present() -> bool {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "python3 is needed for the stand-in API server (cargo xtask test installs it)"
-    );
-    ok
+    ok || super::skip(
+        "python3 is needed for the stand-in API server (cargo xtask test installs it)",
+    )
 }
 
 /// The stand-in API server, a child process.
