@@ -55,6 +55,10 @@ pub struct Config {
     /// This node's Kubernetes name; enables the optional API evidence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// kubeconfig file(s) for the Kubernetes API on a plain host; in a pod
+    /// the service account is used without it. Neither: the source is off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
     /// A reservation younger than this is in use whatever else is seen: the
     /// CNI ADD that made it may still be running.
     #[serde(with = "human_duration")]
@@ -91,6 +95,7 @@ impl Default for Config {
             events_keep: 5,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9742)),
             node_name: None,
+            kubeconfig: None,
             in_flight_grace: Duration::from_secs(30),
             orphan_grace: Duration::from_mins(10),
             resync_interval: Duration::from_secs(30),
@@ -153,9 +158,16 @@ const KEYS: &[(&str, &str, &str)] = &[
     ),
     (
         "node_name",
-        "This node's Kubernetes name, reserved for the optional API evidence (the\n\
-         node's pods could only add reasons to keep an IP). Not used yet.",
+        "This node's Kubernetes name: its pods (spec.nodeName) are evidence that can\n\
+         only keep an IP (a pod reporting it, a Pending pod a CNI run named).",
         "NODE_NAME, --node-name",
+    ),
+    (
+        "kubeconfig",
+        "kubeconfig for the Kubernetes API on a plain host (a KUBECONFIG-style list\n\
+         is merged). In a pod the service account is used without it. With neither,\n\
+         the Kubernetes source (pods, Events, whereabouts) is off: `netreap sources`.",
+        "KUBECONFIG, --kubeconfig",
     ),
     (
         "in_flight_grace",
@@ -197,6 +209,7 @@ const CRI_SOCKET_EXAMPLE: &str = "cri_socket = \"/run/containerd/containerd.sock
 
 /// Example shown (commented out) for keys whose default is "unset".
 const NODE_NAME_EXAMPLE: &str = "node_name = \"worker-1\"";
+const KUBECONFIG_EXAMPLE: &str = "kubeconfig = \"/etc/kubernetes/kubelet.conf\"";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -346,6 +359,9 @@ impl Config {
                 None if *key == "node_name" => {
                     let _ = writeln!(out, "# {NODE_NAME_EXAMPLE}");
                 }
+                None if *key == "kubeconfig" => {
+                    let _ = writeln!(out, "# {KUBECONFIG_EXAMPLE}");
+                }
                 None if *key == "cri_socket" => {
                     let _ = writeln!(out, "# {CRI_SOCKET_EXAMPLE}");
                 }
@@ -416,6 +432,9 @@ pub struct ConfigFlags {
     /// This node's Kubernetes name.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
+    /// kubeconfig for the Kubernetes API (in a pod: not needed).
+    #[arg(long, env = "KUBECONFIG", value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
     /// Reservations younger than this are in use (e.g. `30s`).
     #[arg(long, env = "NETREAP_IN_FLIGHT_GRACE", value_name = "DURATION", value_parser = parse_duration)]
     pub in_flight_grace: Option<Duration>,
@@ -456,6 +475,9 @@ impl ConfigFlags {
         // that means "not on Kubernetes", not a node called "".
         if let Some(name) = self.node_name.as_ref().filter(|n| !n.is_empty()) {
             config.node_name = Some(name.clone());
+        }
+        if let Some(path) = self.kubeconfig.as_ref().filter(|p| !p.as_os_str().is_empty()) {
+            config.kubeconfig = Some(path.clone());
         }
         set(&mut config.in_flight_grace, self.in_flight_grace.as_ref());
         set(&mut config.orphan_grace, self.orphan_grace.as_ref());
@@ -585,11 +607,17 @@ mod tests {
         assert!(text.contains("orphan_grace = \"10m\"\n"), "{text}");
         assert!(text.contains("events_max_bytes = \"64MiB\"\n"), "{text}");
         assert!(text.contains("# node_name = \"worker-1\"\n"), "{text}");
+        assert!(text.contains("# kubeconfig = \"/etc/kubernetes/kubelet.conf\"\n"), "{text}");
     }
 
     #[test]
     fn every_field_is_documented_in_order() {
-        let full = Config { node_name: Some("n".into()), cri_socket: Some("/s.sock".into()), ..Config::default() };
+        let full = Config {
+            node_name: Some("n".into()),
+            kubeconfig: Some("/etc/k.conf".into()),
+            cri_socket: Some("/s.sock".into()),
+            ..Config::default()
+        };
         let fields: Vec<String> = toml::Table::try_from(&full).expect("valid in this test").keys().cloned().collect();
         let documented: Vec<&str> = KEYS.iter().map(|(k, _, _)| *k).collect();
         let mut sorted = documented.clone();

@@ -12,6 +12,9 @@
 //! reported, never touched) -> `engine` (pure decision: in use, pending,
 //! orphaned, conflict, with evidence) -> `release` (journaled, under the
 //! plugin's lock; re-verified after a crash).
+//!
+//! Kubernetes (optional): `kube` (the node's pods as evidence, whereabouts
+//! IPPools as a store, Events).
 
 pub mod cnirt;
 pub mod config;
@@ -21,6 +24,7 @@ pub mod engine;
 pub mod identity;
 pub mod ipam;
 pub mod kernel;
+pub mod kube;
 pub mod ledger;
 pub mod model;
 pub mod netlink;

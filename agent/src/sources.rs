@@ -70,7 +70,9 @@ impl fmt::Display for Source {
 /// Looks at every source now (loads and unloads the probes, opens a netlink
 /// socket, reads the stores, asks the runtime).
 pub async fn survey(config: &Config) -> Vec<Source> {
-    vec![kernel_probes(), netlink(), host_local(config), cni_cache(config), cri(config).await, kubernetes(config)]
+    let mut rows = vec![kernel_probes(), netlink(), host_local(config), cni_cache(config), cri(config).await];
+    rows.extend(kubernetes(config).await);
+    rows
 }
 
 fn kernel_probes() -> Source {
@@ -178,10 +180,24 @@ async fn cri(config: &Config) -> Source {
     Source { id: "cri", name: "container runtime (CRI)", role: Role::Witness, state }
 }
 
-fn kubernetes(config: &Config) -> Source {
-    let why = match &config.node_name {
-        Some(node) => format!("not built yet (node_name {node:?} is set, but this build has no API client)"),
-        None => "not built yet".to_owned(),
+/// The Kubernetes rows (issue 12): the API as a witness (the node's pods)
+/// and whereabouts as a store. One version request and a list or two, each
+/// bounded in time.
+async fn kubernetes(config: &Config) -> [Source; 2] {
+    let status = crate::kube::status(config.kubeconfig.as_deref(), config.node_name.as_deref()).await;
+    let api = match status.state {
+        "on" => SourceState::Active(status.detail.clone()),
+        other => SourceState::Inactive(format!("{other}: {}", status.detail)),
     };
-    Source { id: "kubernetes", name: "Kubernetes API pods", role: Role::Witness, state: SourceState::NotBuilt(why) }
+    let whereabouts = match (&status.whereabouts, status.whereabouts_active) {
+        (Some(detail), true) => SourceState::Active(format!(
+            "{detail}; this node's allocations only, released with resourceVersion-tested patches"
+        )),
+        (Some(detail), false) => SourceState::Inactive(detail.clone()),
+        (None, _) => SourceState::Inactive("needs the Kubernetes API".to_owned()),
+    };
+    [
+        Source { id: "kubernetes", name: "Kubernetes API pods", role: Role::Witness, state: api },
+        Source { id: "whereabouts", name: "whereabouts IPPools", role: Role::Store, state: whereabouts },
+    ]
 }

@@ -78,7 +78,11 @@ fn live_pods_are_kept_named_and_the_cri_source_is_active() {
     let sources = netreap(&ctd.netreap_args(), "sources");
     let cri = sources.lines().find(|l| l.starts_with("container runtime (CRI)")).expect("a CRI row");
     assert!(cri.contains(" active ") && cri.contains("containerd") && cri.contains("2 sandboxes"), "{sources}");
-    assert!(sources.lines().any(|l| l.starts_with("Kubernetes API") && l.contains("not built yet")), "{sources}");
+    // No kubeconfig and not in a pod: the Kubernetes source is off, and says why.
+    assert!(
+        sources.lines().any(|l| l.starts_with("Kubernetes API") && l.contains("inactive") && l.contains("no --kubeconfig")),
+        "{sources}"
+    );
     let scan = netreap(&ctd.netreap_args(), "scan");
     assert!(scan.contains("runtime yes") && scan.contains("pod nrc/nrc-web-1") && scan.contains("READY"), "{scan}");
     let attachments = netreap(&["--metrics-addr".into(), agent.addr.to_string().into()], "attachments");

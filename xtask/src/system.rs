@@ -2,7 +2,8 @@
 //! util-linux (`unshare`, `nsenter`), Debian's real CNI plugins, protoc (the
 //! CRI protos are compiled at build time), and for the CRI tests the real
 //! containerd with runc, gcc (a static pause binary) and python3 (a test
-//! CNI plugin).
+//! CNI plugin; the Kubernetes tests' stand-in API server and whereabouts
+//! plugin).
 
 use std::{path::Path, process::Command};
 

@@ -9,7 +9,7 @@ use netreap::{
     config::{Config, ConfigFlags},
     daemon::oneshot,
     engine::{ScanReport, decide_one},
-    release::{Releaser, ReleaserConfig, release_reviewed},
+    release::{Journal, Releaser, ReleaserConfig, release_reviewed},
 };
 
 #[derive(Debug, clap::Args)]
@@ -40,9 +40,41 @@ pub fn main(args: &ReleaseArgs) -> anyhow::Result<()> {
         },
     )
     .context("opening the release journal (is `netreap run` using this state dir?)")?;
-    let (obs, now) = oneshot::observe_blocking(&config).context("observing the kernel")?;
+    let (mut obs, now) = oneshot::observe_blocking(&config).context("observing the kernel")?;
     let policy = oneshot::policy(&config);
-    let records = release_reviewed(&report, &mut releaser, |r| decide_one(&obs, r, now, &policy))?;
+    // The Kubernetes source, when configured: pods as evidence for every
+    // re-verification, and the pools for the whereabouts entries.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let cache = netreap::ipam::cnicache::CniCache::new(config.cni_cache_dir.clone()).scan();
+    let shot = runtime
+        .block_on(netreap::kube::oneshot::observe(
+            config.kubeconfig.as_deref(),
+            config.node_name.as_deref(),
+            &mut obs,
+            &cache.attachments,
+        ))
+        .context("Kubernetes configuration")?;
+    // whereabouts entries go to the whereabouts releaser, the rest to the
+    // host-local one.
+    let (whereabouts, local): (Vec<_>, Vec<_>) =
+        report.verdicts.iter().cloned().partition(|v| netreap::kube::agent::is_whereabouts(&v.reservation.store));
+    let local_report = ScanReport { verdicts: local, ..report };
+    let mut records = release_reviewed(&local_report, &mut releaser, |r| decide_one(&obs, r, now, &policy))?;
+    if whereabouts.iter().any(|v| v.status == netreap::engine::Status::Orphaned) {
+        let shot = shot
+            .context("the report lists whereabouts allocations but the Kubernetes source is off (--kubeconfig)")?;
+        let mut journal = Journal::open(&config.state_dir.join(netreap::kube::agent::JOURNAL_SUBDIR))
+            .context("opening the whereabouts release journal (is `netreap run` using this state dir?)")?;
+        records.extend(runtime.block_on(netreap::kube::oneshot::release_reviewed(
+            &shot,
+            &mut journal,
+            &whereabouts,
+            config.dry_run,
+            |r| decide_one(&obs, r, now, &policy),
+            // No model in a one-shot command: every netns the kernel lists.
+            &mut netreap::release::lastlook::KernelLook::default(),
+        ))?);
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&records)?);
         return Ok(());
@@ -56,3 +88,4 @@ pub fn main(args: &ReleaseArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+

@@ -107,6 +107,8 @@ struct Agent {
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
+    /// The Kubernetes API (pods, whereabouts, Events), when configured.
+    kube: Option<crate::kube::agent::KubeAgent>,
     /// The container runtime as a witness (daemon/runtime.rs).
     runtime: runtime::RuntimeSource,
 }
@@ -168,6 +170,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         abort_after_intent: std::env::var(CRASH_AFTER_INTENT_ENV).is_ok_and(|v| v == "1"),
     };
     let releaser = Releaser::open(&config.state_dir, releaser_config).context("opening the release journal")?;
+    let kube = crate::kube::agent::KubeAgent::start(&config, &metrics).await?;
 
     let mut agent = Agent {
         policy: Policy { in_flight_grace: config.in_flight_grace, orphan_grace: config.orphan_grace },
@@ -191,6 +194,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         state,
         runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
         config,
+        kube,
     };
 
     agent.remember().await;
@@ -446,6 +450,9 @@ impl Agent {
         obs.set_runtime(view);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
+        if let Some(k) = self.kube.as_mut() {
+            k.observe(&mut obs, &self.ledger, &cache.attachments);
+        }
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
             s.model = Some(snapshot);
@@ -467,6 +474,11 @@ impl Agent {
                         self.events.emit(self.clock.wall(event.task().ktime_ns), event.name(), &event)?;
                         decoded.push(event);
                         continue;
+                    }
+                    if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), &event)
+                        && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
+                    {
+                        k.on_cni_exec(task.tgid, &cid.value);
                     }
                     if let KernelEvent::CniExit { task, exit } = &event {
                         tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
@@ -602,15 +614,35 @@ impl Agent {
         let started = std::time::Instant::now();
         let obs = self.observations().await?;
         let stores: Vec<&dyn ReservationStore> = self.stores.iter().map(|s| s as &dyn ReservationStore).collect();
-        let scan = scan_all(&stores);
-        self.report_anomalies(&scan.anomalies)?;
+        let mut scan = scan_all(&stores);
         let now = SystemTime::now();
-        let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
+        let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
+        // whereabouts verdicts follow the host-local ones; each store's
+        // releaser gets only its own.
+        let local = verdicts.len();
+        if let Some(k) = &self.kube {
+            verdicts.extend(k.decide(&obs, now, &self.policy));
+            scan.anomalies.extend_from_slice(k.anomalies());
+        }
+        self.report_anomalies(&scan.anomalies)?;
         self.report_changes(&verdicts, &obs)?;
         if verdicts.iter().any(Verdict::is_orphaned) {
             self.arm_last_look();
         }
-        let records = self.releaser.release_orphaned(&verdicts)?;
+        let mut records = self.releaser.release_orphaned(&verdicts[..local])?;
+        if self.kube.is_some() {
+            let policy = self.policy;
+            // Its own last look (it asks the kernel only when a release
+            // comes to it): the host-local one gathered before its releases.
+            let mut look = self.kernel_look();
+            let reverify = |r: &crate::ipam::Reservation| decide_one(&obs, r, SystemTime::now(), &policy);
+            if let Some(k) = self.kube.as_mut() {
+                records.extend(k.release(&verdicts[local..], reverify, &mut look).await?);
+            }
+        }
+        if let Some(k) = self.kube.as_mut() {
+            k.notify(&verdicts, &records, &self.ledger);
+        }
         for record in &records {
             let died_at = report::death_time(&record.verdict);
             let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
@@ -671,6 +703,12 @@ impl Agent {
     /// netns the model knows alive and any process netns it does not, and
     /// the ledger's runs in flight.
     fn arm_last_look(&mut self) {
+        let look = self.kernel_look();
+        self.releaser.set_last_look(Box::new(look));
+    }
+
+    /// A last look for one batch of releases, with the model's netns.
+    fn kernel_look(&self) -> crate::release::lastlook::KernelLook {
         let (mut nsids, mut inodes) = (Vec::new(), std::collections::HashSet::new());
         if let Ok(s) = self.state.lock()
             && let Some(model) = &s.model
@@ -683,7 +721,7 @@ impl Agent {
         }
         let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
         let bin_dirs = crate::release::lastlook::DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect();
-        self.releaser.set_last_look(Box::new(crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)));
+        crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)
     }
 
     fn emit_release(

@@ -137,6 +137,10 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
     for pod in ix.pods_with(r.ip) {
         in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
     }
+    let pending_pods = obs.api_pods.iter().flatten().filter(|p| p.pending && p.cni_containers.iter().any(|c| c == cid));
+    for pod in pending_pods {
+        in_use.push(Fact::ApiPendingPodNamedByCniRun { namespace: pod.namespace.clone(), name: pod.name.clone() });
+    }
     if age < policy.in_flight_grace && !cni_runs_watched(ix, r) {
         pending.push(Fact::Young { age, grace: policy.in_flight_grace });
     }

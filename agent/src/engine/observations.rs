@@ -148,6 +148,16 @@ pub struct ApiPod {
     pub namespace: String,
     pub name: String,
     pub ips: Vec<IpAddr>,
+    /// The pod is Pending: its IPs may not be reported yet (whereabouts
+    /// #162, Antrea #8239).
+    #[serde(default)]
+    pub pending: bool,
+    /// Containers whose CNI run named this pod (`K8S_POD_NAMESPACE` and
+    /// `K8S_POD_NAME` in `CNI_ARGS`, or the pod reference an IPAM store
+    /// wrote during that run). While the pod is Pending, their reservations
+    /// are kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cni_containers: Vec<String>,
 }
 
 /// Everything the engine may use. Optional sources are `None` when not

@@ -192,7 +192,13 @@ fn runtime_and_api_only_add_reasons_to_keep() {
     let runtime = Observations { runtime_sandboxes: Some(vec!["c1".into()]), ..base.clone() };
     assert_eq!(one(&runtime, &r).status, Status::InUse);
     let api = Observations {
-        api_pods: Some(vec![ApiPod { namespace: "ns".into(), name: "p".into(), ips: vec![ip("10.0.0.2")] }]),
+        api_pods: Some(vec![ApiPod {
+            namespace: "ns".into(),
+            name: "p".into(),
+            ips: vec![ip("10.0.0.2")],
+            pending: false,
+            cni_containers: Vec::new(),
+        }]),
         ..base.clone()
     };
     let v = one(&api, &r);
@@ -202,6 +208,28 @@ fn runtime_and_api_only_add_reasons_to_keep() {
     let v = one(&unrelated, &r);
     assert_eq!(v.status, Status::Orphaned);
     assert!(has(&v, |f| matches!(f, Fact::RuntimeDoesNotListSandbox)));
+}
+
+/// whereabouts #162: a Pending pod whose IP is not reported yet keeps every
+/// reservation of a container whose CNI run named it, even one whose netns
+/// was seen to die; a pod that is not Pending, or another container's, does not.
+#[test]
+fn a_pending_pod_named_by_a_cni_run_keeps_its_containers_reservations() {
+    let r = res("c1", "10.0.0.2", t(0));
+    let base = Observations { dead: vec![dead(id(5, 1), t(100), &["c1"], &[])], ..Default::default() };
+    let pod = |pending: bool, containers: &[&str]| ApiPod {
+        namespace: "ns".into(),
+        name: "p".into(),
+        ips: Vec::new(),
+        pending,
+        cni_containers: containers.iter().map(|c| (*c).to_owned()).collect(),
+    };
+    let with = |p: ApiPod| Observations { api_pods: Some(vec![p]), ..base.clone() };
+    let v = one(&with(pod(true, &["c1"])), &r);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary);
+    assert!(has(&v, |f| matches!(f, Fact::ApiPendingPodNamedByCniRun { name, .. } if name == "p")));
+    assert_eq!(one(&with(pod(false, &["c1"])), &r).status, Status::Orphaned);
+    assert_eq!(one(&with(pod(true, &["c2"])), &r).status, Status::Orphaned);
 }
 
 #[test]
@@ -437,7 +465,13 @@ fn an_op() -> impl Strategy<Value = CniOp> {
         })
 }
 fn a_pod() -> impl Strategy<Value = ApiPod> {
-    prop::collection::vec(an_ip(), 0..2).prop_map(|ips| ApiPod { namespace: "ns".into(), name: "p".into(), ips })
+    prop::collection::vec(an_ip(), 0..2).prop_map(|ips| ApiPod {
+        namespace: "ns".into(),
+        name: "p".into(),
+        ips,
+        pending: false,
+        cni_containers: Vec::new(),
+    })
 }
 fn observations() -> impl Strategy<Value = Observations> {
     (

@@ -93,6 +93,12 @@ pub enum Fact {
         namespace: String,
         name: String,
     },
+    /// A Pending pod of this node was named by a CNI run of the
+    /// reservation's container: its IP may not be reported yet.
+    ApiPendingPodNamedByCniRun {
+        namespace: String,
+        name: String,
+    },
     Young {
         #[serde(with = "timefmt::duration")]
         age: Duration,
@@ -175,6 +181,9 @@ impl fmt::Display for Fact {
             }
             Self::RuntimeListsSandbox => f.write_str("the runtime lists its sandbox as live"),
             Self::ApiPodHasIp { namespace, name } => write!(f, "pod {namespace}/{name} reports this IP"),
+            Self::ApiPendingPodNamedByCniRun { namespace, name } => {
+                write!(f, "pod {namespace}/{name} is Pending and a CNI run of its container named it")
+            }
             Self::Young { age, grace } => {
                 write!(f, "reserved {} ago, within the in-flight grace of {}", human(*age), human(*grace))
             }

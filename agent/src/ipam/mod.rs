@@ -28,6 +28,8 @@ pub enum StoreRef {
     HostLocal { data_dir: PathBuf },
     /// libcni's result cache: `<dir>/<network>-<containerID>-<ifname>`.
     CniCache { dir: PathBuf },
+    /// A whereabouts IPPool custom resource (`crate::kube::whereabouts`).
+    Whereabouts { namespace: String, pool: String },
 }
 
 impl fmt::Display for StoreRef {
@@ -35,6 +37,7 @@ impl fmt::Display for StoreRef {
         match self {
             Self::HostLocal { data_dir } => write!(f, "host-local {}", data_dir.display()),
             Self::CniCache { dir } => write!(f, "cni-cache {}", dir.display()),
+            Self::Whereabouts { namespace, pool } => write!(f, "whereabouts IPPool {namespace}/{pool}"),
         }
     }
 }

@@ -70,6 +70,7 @@ struct Inner {
     ringbuf_drops: Counter,
     resyncs: Family<SourceLabels, Counter>,
     death_to_release: Histogram,
+    api_staleness: Family<SourceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     sandboxes_stuck: Gauge,
     source_active: Family<SourceLabels, Gauge>,
 }
@@ -162,6 +163,12 @@ impl Metrics {
             "Whether an optional source of evidence answers (1) or not (0), by source",
             source_active.clone(),
         );
+        let api_staleness = Family::<SourceLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "kube_view_staleness_seconds",
+            "How long a Kubernetes API view (pods of this node, whereabouts IPPools) has not been known current (0 while its watch is healthy)",
+            api_staleness.clone(),
+        );
         // A gauge fixed at 1 rather than an OpenMetrics `info`: the classic
         // Prometheus text format has no info type.
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -182,6 +189,7 @@ impl Metrics {
                 ringbuf_drops,
                 resyncs,
                 death_to_release,
+                api_staleness,
                 sandboxes_stuck,
                 source_active,
             }),
@@ -219,6 +227,11 @@ impl Metrics {
     /// One conflict detected.
     pub fn conflict(&self) {
         self.inner.conflicts.inc();
+    }
+
+    /// How stale a Kubernetes API view is (`source`: pods, ippools).
+    pub fn set_kube_staleness(&self, source: &str, staleness: Duration) {
+        self.inner.api_staleness.get_or_create(&SourceLabels { source: source.to_owned() }).set(staleness.as_secs_f64());
     }
 
     /// The number of network namespaces currently alive.

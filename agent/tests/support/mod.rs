@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod containerd;
+pub mod kube;
 pub mod lab;
 pub mod net;
 
