@@ -48,6 +48,11 @@ pub struct Config {
     pub events_keep: u32,
     /// Address of the HTTP server (/metrics, /healthz, /readyz, /state).
     pub metrics_addr: SocketAddr,
+    /// Serve /metrics to clients beyond loopback.
+    pub expose_metrics: bool,
+    /// Serve /state (every pod IP and container of the node) to clients
+    /// beyond loopback.
+    pub expose_state: bool,
     /// This node's Kubernetes name; enables the optional API evidence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
@@ -80,6 +85,8 @@ impl Default for Config {
             events_max_bytes: 64 * MIB,
             events_keep: 5,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9742)),
+            expose_metrics: false,
+            expose_state: false,
             node_name: None,
             in_flight_grace: Duration::from_secs(30),
             orphan_grace: Duration::from_mins(10),
@@ -129,8 +136,21 @@ const KEYS: &[(&str, &str, &str)] = &[
     (
         "metrics_addr",
         "Listen address of /metrics, /healthz, /readyz and /state. Loopback by\n\
-         default; use \"0.0.0.0:9742\" for Prometheus to scrape from elsewhere.",
+         default; \"0.0.0.0:9742\" lets kubelet probe /healthz and /readyz on the\n\
+         node's address (hostNetwork). /metrics and /state still answer loopback\n\
+         clients only unless expose_metrics / expose_state say otherwise.",
         "NETREAP_METRICS_ADDR, --metrics-addr",
+    ),
+    (
+        "expose_metrics",
+        "Serve /metrics to clients beyond loopback (a Prometheus scraping the node).",
+        "NETREAP_EXPOSE_METRICS, --expose-metrics[=BOOL]",
+    ),
+    (
+        "expose_state",
+        "Serve /state to clients beyond loopback. It lists every pod IP and container\n\
+         of the node: leave it off unless something off-node must read it.",
+        "NETREAP_EXPOSE_STATE, --expose-state[=BOOL]",
     ),
     (
         "node_name",
@@ -363,6 +383,26 @@ pub struct ConfigFlags {
     /// Listen address of /metrics, /healthz, /readyz, /state.
     #[arg(long, env = "NETREAP_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve /metrics beyond loopback (`--expose-metrics` alone means true).
+    #[arg(
+        long,
+        env = "NETREAP_EXPOSE_METRICS",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub expose_metrics: Option<bool>,
+    /// Serve /state beyond loopback (`--expose-state` alone means true).
+    #[arg(
+        long,
+        env = "NETREAP_EXPOSE_STATE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub expose_state: Option<bool>,
     /// This node's Kubernetes name.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
@@ -396,6 +436,8 @@ impl ConfigFlags {
         set(&mut config.events_max_bytes, self.events_max_bytes.as_ref());
         set(&mut config.events_keep, self.events_keep.as_ref());
         set(&mut config.metrics_addr, self.metrics_addr.as_ref());
+        set(&mut config.expose_metrics, self.expose_metrics.as_ref());
+        set(&mut config.expose_state, self.expose_state.as_ref());
         // The downward API sets NODE_NAME to "" when the field is missing:
         // that means "not on Kubernetes", not a node called "".
         if let Some(name) = self.node_name.as_ref().filter(|n| !n.is_empty()) {

@@ -32,7 +32,7 @@ use crate::{
     release::{ReleaseRecord, Releaser, ReleaserConfig},
     telemetry::{
         clock::Clock,
-        http::{self, Endpoints, Readiness},
+        http::{self, Endpoints, Exposure, Readiness},
         metrics::Metrics,
         stream::EventStream,
     },
@@ -45,12 +45,14 @@ pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
 /// What the state endpoint shows. Kept typed and serialized only when
 /// someone asks: a reconcile must not pay for JSON nobody reads.
-#[derive(Default)]
+/// Cloning is cheap (shared parts), so /state copies it under the lock and
+/// renders outside it.
+#[derive(Default, Clone)]
 struct StateDoc {
     probes: Vec<crate::kernel::probes::ProbeStatus>,
     model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
-    attachments: Vec<crate::ledger::Attachment>,
-    verdicts: Vec<Verdict>,
+    attachments: Arc<Vec<crate::ledger::Attachment>>,
+    verdicts: Arc<Vec<Verdict>>,
 }
 
 impl StateDoc {
@@ -58,8 +60,8 @@ impl StateDoc {
         json!({
             "probes": self.probes,
             "model": self.model.as_deref(),
-            "attachments": self.attachments,
-            "verdicts": self.verdicts,
+            "attachments": *self.attachments,
+            "verdicts": *self.verdicts,
         })
     }
 }
@@ -107,7 +109,10 @@ async fn serve_endpoint(config: &Config, metrics: &Metrics, state: &Arc<Mutex<St
     let endpoints = Endpoints {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
-        state: Arc::new(move || state.lock().map_or(Value::Null, |s| s.to_json())),
+        // Runs on the blocking pool: copy the (shared) parts under the lock,
+        // render without it, so a reconcile never waits for a slow reader.
+        state: Arc::new(move || state.lock().map(|s| s.clone()).map_or(Value::Null, |s| s.to_json())),
+        exposure: Exposure { metrics: config.expose_metrics, state: config.expose_state },
     };
     let task = tokio::spawn(http::serve(listener, endpoints, stop_rx));
     Ok(Endpoint { readiness, stop, task })
@@ -355,7 +360,7 @@ impl Agent {
         if std::mem::take(&mut self.attachments_dirty)
             && let Ok(mut s) = self.state.lock()
         {
-            s.attachments = self.ledger.snapshot();
+            s.attachments = Arc::new(self.ledger.snapshot());
         }
     }
 
@@ -399,7 +404,7 @@ impl Agent {
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
         let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
-            s.verdicts = verdicts;
+            s.verdicts = Arc::new(verdicts);
         }
         self.publish_attachments();
         tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
