@@ -1,5 +1,5 @@
 //! System packages the tests and the demo use: iproute2 (`ip`), util-linux
-//! (`unshare`, `nsenter`) and Debian's real CNI plugins.
+//! (`unshare`, `nsenter`), Debian's real CNI plugins and promtool (`prometheus`).
 
 use std::{path::Path, process::Command};
 
@@ -12,6 +12,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/sbin/ip", "iproute2"),
     ("/usr/bin/unshare", "util-linux"),
     ("/usr/bin/nsenter", "util-linux"),
+    // promtool checks /metrics (agent/tests/http.rs).
+    ("/usr/bin/promtool", "prometheus"),
 ];
 
 /// Installs the missing packages with apt-get (root, Debian).

@@ -68,7 +68,7 @@ pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// A connection is asked to close after this long (the response in flight
 /// is finished, within [`CLOSE_GRACE`]); a keep-alive scraper reconnects.
-pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(60);
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_mins(1);
 /// Time a connection asked to close has to finish its response.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Connections open at once. When full, the oldest connection not being
@@ -150,7 +150,9 @@ impl std::fmt::Debug for Endpoints {
 /// Binds the listener. Separate from [`serve`] so a bad address fails at
 /// start, and so tests can bind port 0 and learn the port.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
-    TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
 }
 
 /// Shared by every connection.
@@ -170,11 +172,18 @@ struct Open {
 /// Serves until `shutdown` turns true (or its sender is dropped), then
 /// stops accepting and aborts the connections still open. Runs on any
 /// tokio runtime, `current_thread` included.
-pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Endpoints,
+    mut shutdown: watch::Receiver<bool>,
+) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, exposure = ?endpoints.exposure, "http: serving /metrics /healthz /readyz /state");
     }
-    let shared = Arc::new(Shared { endpoints, state_renders: Semaphore::new(MAX_STATE_RENDERS) });
+    let shared = Arc::new(Shared {
+        endpoints,
+        state_renders: Semaphore::new(MAX_STATE_RENDERS),
+    });
     let mut connections = JoinSet::new();
     let mut open: HashMap<tokio::task::Id, Open> = HashMap::new();
     loop {
@@ -242,7 +251,12 @@ async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
 
 /// One connection: HTTP/1.1 with keep-alive, under the head timeout and the
 /// connection's age limit.
-async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, busy: Arc<AtomicBool>) {
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    busy: Arc<AtomicBool>,
+) {
     let service = service_fn(move |request| {
         let (shared, busy) = (Arc::clone(&shared), Arc::clone(&busy));
         async move {
@@ -272,18 +286,50 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, bu
     let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
 }
 
+/// Content negotiation for /metrics: `OpenMetrics` when the `Accept`
+/// headers rank it at least as high as the text format (`text/plain`, or a
+/// wildcard), by their q-values. No header, or only types we do not serve,
+/// gets the text format (a 200 is more useful to a scraper than a 406).
+fn prefers_openmetrics<'a>(accept: impl Iterator<Item = &'a str>) -> bool {
+    let (mut openmetrics, mut text) = (0.0_f32, 0.0_f32);
+    for range in accept.flat_map(|h| h.split(',')) {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => text = text.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text
+}
+
 fn is_local(peer: IpAddr) -> bool {
     match peer {
         IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
     }
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
-    body_response(status, "text/plain; charset=utf-8", Bytes::from(body.into()))
+    body_response(
+        status,
+        "text/plain; charset=utf-8",
+        Bytes::from(body.into()),
+    )
 }
 
-fn body_response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
+fn body_response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -292,43 +338,69 @@ fn body_response(status: StatusCode, content_type: &'static str, body: Bytes) ->
     response
 }
 
-async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Response<Full<Bytes>> {
+async fn respond(
+    request: &Request<Incoming>,
+    peer: SocketAddr,
+    shared: &Shared,
+) -> Response<Full<Bytes>> {
     let endpoints = &shared.endpoints;
     // Absolute-form targets are for proxies; this is not one.
     if request.uri().scheme().is_some() || request.uri().authority().is_some() {
-        return text(StatusCode::BAD_REQUEST, "bad request: absolute-form target\n");
+        return text(
+            StatusCode::BAD_REQUEST,
+            "bad request: absolute-form target\n",
+        );
     }
     let path = request.uri().path();
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/state") {
-        return text(StatusCode::NOT_FOUND, "not found; try /metrics /healthz /readyz /state\n");
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found; try /metrics /healthz /readyz /state\n",
+        );
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
-        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed; use GET\n");
-        response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed; use GET\n",
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
     let local = is_local(peer.ip());
     match path {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if endpoints.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready: the first full reconcile has not finished\n"),
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the first full reconcile has not finished\n",
+        ),
         "/metrics" if !local && !endpoints.exposure.metrics => text(
             StatusCode::FORBIDDEN,
             "/metrics answers loopback clients only; set expose_metrics = true to serve it beyond\n",
         ),
         "/metrics" => {
-            let wants_openmetrics = request
-                .headers()
-                .get_all(header::ACCEPT)
-                .iter()
-                .any(|v| v.to_str().is_ok_and(|a| a.contains("application/openmetrics-text")));
+            let wants_openmetrics = prefers_openmetrics(
+                request
+                    .headers()
+                    .get_all(header::ACCEPT)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok()),
+            );
             let (content_type, body) = if wants_openmetrics {
-                (OPENMETRICS_CONTENT_TYPE, endpoints.metrics.encode_openmetrics())
+                (
+                    OPENMETRICS_CONTENT_TYPE,
+                    endpoints.metrics.encode_openmetrics(),
+                )
             } else {
                 (PROMETHEUS_CONTENT_TYPE, endpoints.metrics.encode())
             };
             if body.len() > MAX_RESPONSE_BYTES {
-                return text(StatusCode::SERVICE_UNAVAILABLE, "metrics exposition over the response size limit\n");
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "metrics exposition over the response size limit\n",
+                );
             }
             body_response(StatusCode::OK, content_type, Bytes::from(body))
         }
@@ -343,37 +415,53 @@ async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared)
 /// Renders /state on the blocking pool, bounded in count and size.
 async fn state(shared: &Shared) -> Response<Full<Bytes>> {
     let Ok(_permit) = shared.state_renders.try_acquire() else {
-        return text(StatusCode::SERVICE_UNAVAILABLE, "busy rendering /state; retry\n");
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy rendering /state; retry\n",
+        );
     };
     let provider = Arc::clone(&shared.endpoints.state);
     let rendered = tokio::task::spawn_blocking(move || render_state(&provider)).await;
     match rendered {
         Ok(Ok(body)) => body_response(StatusCode::OK, "application/json", Bytes::from(body)),
-        Ok(Err(response)) => response,
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("rendering the state: {e}\n")),
+        Ok(Err((status, message))) => text(status, message),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering the state: {e}\n"),
+        ),
     }
 }
 
-fn render_state(provider: &StateProvider) -> Result<Vec<u8>, Response<Full<Bytes>>> {
+/// The JSON body, or the status and message to answer instead.
+fn render_state(provider: &StateProvider) -> Result<Vec<u8>, (StatusCode, String)> {
     // A panicking provider is a bug in the agent, but it must cost one 500,
     // not the connection and a confusing empty reply.
     let Ok(value) = catch_unwind(AssertUnwindSafe(|| provider())) else {
-        return Err(text(StatusCode::INTERNAL_SERVER_ERROR, "the state provider panicked\n"));
+        return Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the state provider panicked\n".to_owned(),
+        ));
     };
-    let mut out = BoundedWriter { buf: Vec::new(), limit: MAX_RESPONSE_BYTES };
+    let mut out = BoundedWriter {
+        buf: Vec::new(),
+        limit: MAX_RESPONSE_BYTES,
+    };
     match serde_json::to_writer(&mut out, &value) {
         Ok(()) => {
             out.buf.push(b'\n');
             Ok(out.buf)
         }
-        Err(e) if e.is_io() => Err(text(
+        Err(e) if e.is_io() => Err((
             StatusCode::SERVICE_UNAVAILABLE,
             format!(
                 "the state is larger than {} MiB; use `netreap scan --json` on this node\n",
                 MAX_RESPONSE_BYTES / (1024 * 1024)
             ),
         )),
-        Err(e) => Err(text(StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the state: {e}\n"))),
+        Err(e) => Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the state: {e}\n"),
+        )),
     }
 }
 
@@ -422,14 +510,42 @@ mod tests {
         assert!(is_local(IpAddr::V6(Ipv6Addr::LOCALHOST)));
         assert!(is_local(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())));
         assert!(!is_local(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
-        assert!(!is_local(IpAddr::V6(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped())));
+        assert!(!is_local(IpAddr::V6(
+            Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped()
+        )));
+    }
+
+    #[test]
+    fn negotiation_follows_q_values() {
+        let prefers = |headers: &[&str]| prefers_openmetrics(headers.iter().copied());
+        assert!(!prefers(&[]), "no Accept: text");
+        assert!(!prefers(&["*/*"]));
+        assert!(!prefers(&["text/plain"]));
+        assert!(prefers(&["application/openmetrics-text"]));
+        // Prometheus 2.x's own header.
+        assert!(prefers(&[
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        ]));
+        assert!(!prefers(&[
+            "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5"
+        ]));
+        assert!(
+            !prefers(&["application/openmetrics-text;q=0"]),
+            "q=0 means not acceptable"
+        );
+        assert!(
+            prefers(&["text/plain;q=0.2", "Application/OpenMetrics-Text; q=0.3"]),
+            "several headers, any case"
+        );
+        assert!(!prefers(&["application/json"]), "unknown only: text");
     }
 
     #[test]
     fn an_oversized_state_is_refused_not_rendered() {
-        let huge: StateProvider = Arc::new(|| serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) }));
+        let huge: StateProvider =
+            Arc::new(|| serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) }));
         let refused = render_state(&huge).expect_err("over the limit");
-        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE);
         let small: StateProvider = Arc::new(|| serde_json::json!({ "ok": true }));
         assert_eq!(render_state(&small).expect("small"), b"{\"ok\":true}\n");
     }
