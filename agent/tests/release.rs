@@ -725,3 +725,44 @@ fn a_reviewed_report_is_released_exactly_after_re_verification() {
     assert_eq!(released, ["c1", "c2", "c3"]);
     assert!(data_b.join("net/fd00:231::3").exists());
 }
+
+/// The journal rotates by size while running (not only at open): the file
+/// and its one rotated predecessor stay bounded, and an intent still open
+/// is carried across every rotation, so recovery after a restart finds it.
+#[test]
+fn journal_rotates_while_running_and_carries_open_intents() {
+    const LIMIT: u64 = 64 * 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let data = tmp.path().join("networks");
+    fs::create_dir_all(data.join("n")).unwrap();
+    fs::write(data.join("n/10.0.0.2"), "c1\r\neth0").unwrap();
+    fs::write(data.join("n/10.0.0.3"), "c2\r\neth0").unwrap();
+    let reservations = HostLocalStore::new(&data).scan().reservations;
+    let verdicts: Vec<Verdict> =
+        reservations.iter().map(|r| decide_one(&died(&["c1", "c2"]), r, SystemTime::now(), &policy())).collect();
+    let mut journal = Journal::open_with_limit(&state, LIMIT).unwrap();
+    let open = journal.record_intent(&verdicts[0], false).unwrap();
+    let would = Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() };
+    let mut written = 0u64;
+    let path = state.join("journal.jsonl");
+    let rotated = state.join("journal.jsonl.1");
+    while written < 8 * LIMIT {
+        let before = fs::metadata(&path).unwrap().len();
+        let intent = journal.record_intent(&verdicts[1], true).unwrap();
+        journal.record_outcome(&intent.id, &would, None).unwrap();
+        written += fs::metadata(&path).unwrap().len().saturating_sub(before);
+        let size = fs::metadata(&path).unwrap().len();
+        assert_eq!(size, journal.size(), "the journal's count matches the file");
+        assert!(size <= LIMIT, "journal.jsonl is {size} bytes, over the {LIMIT} limit");
+        if let Ok(meta) = fs::metadata(&rotated) {
+            assert!(meta.len() <= LIMIT + 4096, "journal.jsonl.1 is {} bytes", meta.len());
+        }
+    }
+    assert!(rotated.exists(), "rotated at least once");
+    assert_eq!(journal.pending().iter().map(|i| &i.id).collect::<Vec<_>>(), [&open.id]);
+    drop(journal);
+    let journal = Journal::open(&state).unwrap();
+    assert_eq!(journal.pending().iter().map(|i| &i.id).collect::<Vec<_>>(), [&open.id], "found again at start");
+    assert!(journal.warnings().is_empty(), "{:?}", journal.warnings());
+}
