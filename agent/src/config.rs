@@ -23,6 +23,10 @@ pub const MAX_EVENTS_KEEP: u32 = 100;
 /// Smallest accepted `resync_interval`: a full re-read is not free.
 pub const MIN_RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Largest accepted `release_lock_timeout`: releases of every network wait
+/// behind the one being tried.
+pub const MAX_RELEASE_LOCK_TIMEOUT: Duration = Duration::from_mins(1);
+
 const MIB: u64 = 1024 * 1024;
 
 /// The typed configuration. `Config::default()` is the documented default.
@@ -37,6 +41,13 @@ pub struct Config {
     pub cni_cache_dir: PathBuf,
     /// netreap's own state: the journal of release intents.
     pub state_dir: PathBuf,
+    /// Rotate the journal past this size (the open intents are carried).
+    #[serde(with = "byte_size")]
+    pub journal_max_bytes: u64,
+    /// Longest wait for a host-local network's lock before a release gives
+    /// up (and retries later, with back-off).
+    #[serde(with = "human_duration")]
+    pub release_lock_timeout: Duration,
     /// Decide and report, but release nothing.
     pub dry_run: bool,
     /// Event stream destination: `-` for stdout, or a file path.
@@ -80,6 +91,8 @@ impl Default for Config {
             host_local_dirs: vec![PathBuf::from("/var/lib/cni/networks")],
             cni_cache_dir: PathBuf::from("/var/lib/cni/results"),
             state_dir: PathBuf::from("/var/lib/netreap"),
+            journal_max_bytes: 16 * MIB,
+            release_lock_timeout: Duration::from_secs(5),
             dry_run: false,
             events: "-".to_owned(),
             events_max_bytes: 64 * MIB,
@@ -114,6 +127,20 @@ const KEYS: &[(&str, &str, &str)] = &[
         "NETREAP_CNI_CACHE_DIR, --cni-cache-dir",
     ),
     ("state_dir", "netreap's own state: the journal of release intents.", "NETREAP_STATE_DIR, --state-dir"),
+    (
+        "journal_max_bytes",
+        "Rotate the journal (<state_dir>/journal.jsonl) past this size, at start and\n\
+         while running; open intents are carried over, the old file is kept as\n\
+         journal.jsonl.1. The state dir holds at most about twice this.",
+        "NETREAP_JOURNAL_MAX_BYTES, --journal-max-bytes",
+    ),
+    (
+        "release_lock_timeout",
+        "Longest wait for a host-local network's lock (held by the plugin while it\n\
+         allocates). Past it the release is reported as lock_busy, naming the holder,\n\
+         and retried with back-off; other networks' releases go on meanwhile.",
+        "NETREAP_RELEASE_LOCK_TIMEOUT, --release-lock-timeout",
+    ),
     ("dry_run", "Decide and report (events, metrics), but release nothing.", "NETREAP_DRY_RUN, --dry-run[=BOOL]"),
     (
         "events",
@@ -262,6 +289,22 @@ impl Config {
                 return invalid(key, format!("{} is not an absolute path", dir.display()));
             }
         }
+        if self.journal_max_bytes < crate::release::journal::MIN_ROTATE_BYTES {
+            return invalid(
+                "journal_max_bytes",
+                format!(
+                    "{} bytes is below the minimum of {}",
+                    self.journal_max_bytes,
+                    crate::release::journal::MIN_ROTATE_BYTES
+                ),
+            );
+        }
+        if self.release_lock_timeout > MAX_RELEASE_LOCK_TIMEOUT {
+            return invalid(
+                "release_lock_timeout",
+                format!("{} is above the maximum of 1m", humantime::format_duration(self.release_lock_timeout)),
+            );
+        }
         if self.events.is_empty() {
             return invalid("events", "empty; use \"-\" for stdout or a file path".to_owned());
         }
@@ -361,6 +404,12 @@ pub struct ConfigFlags {
     /// netreap's state directory (journal).
     #[arg(long, env = "NETREAP_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Rotate the journal past this size (bytes, or e.g. `16MiB`).
+    #[arg(long, env = "NETREAP_JOURNAL_MAX_BYTES", value_name = "SIZE", value_parser = parse_byte_size)]
+    pub journal_max_bytes: Option<u64>,
+    /// Longest wait for a host-local network's lock (e.g. `5s`).
+    #[arg(long, env = "NETREAP_RELEASE_LOCK_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub release_lock_timeout: Option<Duration>,
     /// Decide and report, release nothing (`--dry-run` alone means true).
     #[arg(
         long,
@@ -431,6 +480,8 @@ impl ConfigFlags {
         }
         set(&mut config.cni_cache_dir, self.cni_cache_dir.as_ref());
         set(&mut config.state_dir, self.state_dir.as_ref());
+        set(&mut config.journal_max_bytes, self.journal_max_bytes.as_ref());
+        set(&mut config.release_lock_timeout, self.release_lock_timeout.as_ref());
         set(&mut config.dry_run, self.dry_run.as_ref());
         set(&mut config.events, self.events.as_ref());
         set(&mut config.events_max_bytes, self.events_max_bytes.as_ref());

@@ -29,7 +29,7 @@ use crate::{
     },
     ledger::{Ledger, StatResolver},
     model::{ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
-    release::{ReleaseRecord, Releaser, ReleaserConfig},
+    release::{ReleaseError, ReleaseRecord, Releaser, ReleaserConfig, retry::RetryGate},
     telemetry::{
         clock::Clock,
         http::{self, Endpoints, Exposure, Readiness},
@@ -79,7 +79,15 @@ struct Agent {
     model: ModelHandle,
     stores: Vec<HostLocalStore>,
     cache: CniCache,
-    releaser: Releaser,
+    /// None while a release batch runs on the blocking pool (it owns it).
+    releaser: Option<Releaser>,
+    /// Which orphans to attempt now: once per verdict change, failures
+    /// with back-off.
+    gate: RetryGate,
+    /// Where a finished release batch reports.
+    release_done: tokio::sync::mpsc::Sender<ReleaseDone>,
+    /// Orphans were found while a batch ran: reconcile again when it ends.
+    release_waiting: bool,
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     verdicts: HashMap<ReservationKey, Status>,
@@ -88,6 +96,13 @@ struct Agent {
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
+}
+
+/// A release batch that ran on the blocking pool, with the releaser back.
+struct ReleaseDone {
+    releaser: Releaser,
+    admitted: Vec<Verdict>,
+    result: Result<Vec<ReleaseRecord>, ReleaseError>,
 }
 
 /// The HTTP endpoint task and how to stop it.
@@ -151,8 +166,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         host_local_dirs: config.host_local_dirs.clone(),
         cni_cache_dir: Some(config.cni_cache_dir.clone()),
         abort_after_intent: std::env::var(CRASH_AFTER_INTENT_ENV).is_ok_and(|v| v == "1"),
+        lock_timeout: Some(config.release_lock_timeout),
     };
-    let releaser = Releaser::open(&config.state_dir, releaser_config).context("opening the release journal")?;
+    let journal = crate::release::Journal::open_with_limit(&config.state_dir, config.journal_max_bytes)
+        .context("opening the release journal")?;
+    let releaser = Releaser::new(journal, releaser_config);
+    let (release_done, mut release_results) = tokio::sync::mpsc::channel(1);
 
     let mut agent = Agent {
         policy: Policy { in_flight_grace: config.in_flight_grace, orphan_grace: config.orphan_grace },
@@ -163,7 +182,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         model: watcher.handle(),
         stores: config.host_local_dirs.iter().map(HostLocalStore::new).collect(),
         cache: CniCache::new(config.cni_cache_dir.clone()),
-        releaser,
+        releaser: Some(releaser),
+        gate: RetryGate::new(),
+        release_done,
+        release_waiting: false,
         watching_since,
         verdicts: HashMap::new(),
         anomalies: std::collections::HashSet::new(),
@@ -177,7 +199,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     endpoint.readiness.mark_ready();
     info!(dry_run = agent.config.dry_run, "netreap ready");
 
-    agent.event_loop(&mut kernel, &mut deaths).await?;
+    agent.event_loop(&mut kernel, &mut deaths, &mut release_results).await?;
 
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
@@ -220,6 +242,7 @@ impl Agent {
         &mut self,
         kernel: &mut KernelStream,
         deaths: &mut tokio::sync::mpsc::Receiver<NetnsDeath>,
+        release_results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>,
     ) -> anyhow::Result<()> {
         use anyhow::Context as _;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -237,9 +260,24 @@ impl Agent {
         // coalesced.
         let mut cni_reconcile_at: Option<tokio::time::Instant> = None;
         loop {
+            let retry_at = self.gate.next_retry().map(tokio::time::Instant::from_std);
             tokio::select! {
-                _ = sigterm.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
-                _ = sigint.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+                _ = sigterm.recv() => {
+                    info!("SIGTERM: shutting down");
+                    return self.finish_release(release_results).await;
+                }
+                _ = sigint.recv() => {
+                    info!("SIGINT: shutting down");
+                    return self.finish_release(release_results).await;
+                }
+                Some(done) = release_results.recv() => {
+                    if self.on_release_done(done)? {
+                        self.reconcile("release_done").await?;
+                    }
+                }
+                () = sleep_until_some(retry_at), if retry_at.is_some() && self.releaser.is_some() => {
+                    self.reconcile("release_retry").await?;
+                }
                 batch = kernel.next_batch() => {
                     if self.on_kernel_batch(batch?).await? {
                         cni_reconcile_at.get_or_insert_with(|| tokio::time::Instant::now() + CNI_EXIT_COALESCE);
@@ -268,12 +306,14 @@ impl Agent {
     /// Settles intents a previous run left without outcome, re-verified on
     /// fresh observations.
     async fn recover(&mut self) -> anyhow::Result<()> {
-        if self.releaser.journal().pending().is_empty() {
+        let Some(releaser) = self.releaser.as_ref() else { return Ok(()) };
+        if releaser.journal().pending().is_empty() {
             return Ok(());
         }
         let obs = self.observations().await?;
         let (now, policy) = (SystemTime::now(), self.policy);
-        let records = self.releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
+        let Some(releaser) = self.releaser.as_mut() else { return Ok(()) };
+        let records = releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
         for record in &records {
             self.emit_release(record, "recovery", None)?;
         }
@@ -282,7 +322,9 @@ impl Agent {
 
     async fn observations(&mut self) -> anyhow::Result<crate::engine::Observations> {
         let snapshot = Arc::new(self.model.snapshot().await?);
-        let cache = self.cache.scan();
+        // A directory scan: on the blocking pool, not the event thread.
+        let cache_dir = self.cache.clone();
+        let cache = tokio::task::spawn_blocking(move || cache_dir.scan()).await?;
         let obs = evidence::observations(&snapshot, &self.ledger, &cache.attachments, Some(self.watching_since));
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
@@ -390,17 +432,17 @@ impl Agent {
     async fn reconcile(&mut self, reason: &str) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         let obs = self.observations().await?;
-        let stores: Vec<&dyn ReservationStore> = self.stores.iter().map(|s| s as &dyn ReservationStore).collect();
-        let scan = scan_all(&stores);
+        let stores = self.stores.clone();
+        let scan = tokio::task::spawn_blocking(move || {
+            let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
+            scan_all(&stores)
+        })
+        .await?;
         self.report_anomalies(&scan.anomalies)?;
         let now = SystemTime::now();
         let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         self.report_changes(&verdicts)?;
-        let records = self.releaser.release_orphaned(&verdicts)?;
-        for record in &records {
-            let died_at = report::death_time(&record.verdict);
-            self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
-        }
+        self.start_release(&verdicts);
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
         let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
@@ -408,6 +450,74 @@ impl Agent {
         }
         self.publish_attachments();
         tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
+        Ok(())
+    }
+
+    /// Hands the orphans the retry gate admits to a release batch on the
+    /// blocking pool (flock waits and fsyncs stay off the event thread); its
+    /// records come back through `release_done`. One batch at a time: while
+    /// one runs, orphans wait for the reconcile that follows it.
+    fn start_release(&mut self, verdicts: &[Verdict]) {
+        let Some(mut releaser) = self.releaser.take() else {
+            self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
+            return;
+        };
+        let admitted = self.gate.admit(verdicts, std::time::Instant::now());
+        if admitted.is_empty() {
+            self.releaser = Some(releaser);
+            return;
+        }
+        // The releaser acts on every orphan it is given and reads the
+        // others only as context (which IPs an attachment still holds), so
+        // orphans the gate holds back go in as context, marked pending.
+        let admitted_paths: std::collections::HashSet<&PathBuf> = admitted.iter().map(|v| &v.reservation.path).collect();
+        let batch: Vec<Verdict> = verdicts
+            .iter()
+            .map(|v| {
+                let mut v = v.clone();
+                if v.is_orphaned() && !admitted_paths.contains(&v.reservation.path) {
+                    v.status = Status::Pending;
+                }
+                v
+            })
+            .collect();
+        let done = self.release_done.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = releaser.release_orphaned(&batch);
+            // The receiver lives as long as the event loop; if it is gone
+            // the agent is stopping and the journal already holds the truth.
+            let _ = done.blocking_send(ReleaseDone { releaser, admitted, result });
+        });
+    }
+
+    /// Takes a finished batch back: reports its records, updates the retry
+    /// gate. Returns whether orphans waited for it (reconcile again).
+    fn on_release_done(&mut self, done: ReleaseDone) -> anyhow::Result<bool> {
+        let ReleaseDone { releaser, admitted, result } = done;
+        self.releaser = Some(releaser);
+        let records = match result {
+            Ok(records) => records,
+            Err(e) => {
+                self.gate.settle(&admitted, &[], std::time::Instant::now());
+                return Err(e.into());
+            }
+        };
+        self.gate.settle(&admitted, &records, std::time::Instant::now());
+        for record in &records {
+            let died_at = report::death_time(&record.verdict);
+            self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
+        }
+        Ok(std::mem::take(&mut self.release_waiting))
+    }
+
+    /// At shutdown: waits for a running batch, so its outcomes are reported
+    /// (they are journaled either way).
+    async fn finish_release(&mut self, results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>) -> anyhow::Result<()> {
+        if self.releaser.is_none()
+            && let Some(done) = results.recv().await
+        {
+            self.on_release_done(done)?;
+        }
         Ok(())
     }
 
@@ -459,7 +569,11 @@ impl Agent {
                 self.metrics.observe_death_to_release(latency);
             }
         let r = &record.verdict.reservation;
-        info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
+        if matches!(record.outcome, crate::release::Outcome::LockBusy { .. }) {
+            warn!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
+        } else {
+            info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
+        }
         self.events.emit(now, "release", &report::release(record, reason, latency))?;
         Ok(())
     }

@@ -97,7 +97,9 @@ pub(crate) fn would_release(r: &Reservation, t: &Target) -> Outcome {
 /// Removes the reservation file if it still is the one decided about.
 /// `sync_dir`: fsync the directory after the unlink (a batch does it once
 /// per directory instead, see `Releaser::release_orphaned`).
-pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool) -> Outcome {
+/// `lock_timeout`: how long to wait for the plugin's lock before giving up
+/// with [`Outcome::LockBusy`].
+pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool, lock_timeout: std::time::Duration) -> Outcome {
     let dir = match open_dir(t) {
         Ok(dir) => dir,
         Err(outcome) => return outcome,
@@ -110,8 +112,15 @@ pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool) -> Outcome {
         Err(e) => return Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
     };
     let outcome = {
-        let _guard = match FlockGuard::lock_exclusive(lock) {
-            Ok(guard) => guard,
+        let _guard = match FlockGuard::lock_exclusive_timeout(lock, lock_timeout) {
+            Ok(Ok(guard)) => guard,
+            Ok(Err(lock)) => {
+                return Outcome::LockBusy {
+                    lock: t.network_dir.join(LOCK_FILE),
+                    waited_ms: lock_timeout.as_millis() as u64,
+                    holders: FlockGuard::holders(&lock),
+                };
+            }
             Err(e) => return Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
         };
         // Critical section: re-read, compare, unlink. Nothing else.
