@@ -15,6 +15,9 @@ commands:
                   every test of the workspace (as root: kernel tests load real probes)
   bench           run the benchmarks as root (netns_death, reclaim) and print their tables:
                   bench [netns_death] [latency] [overhead] [scale] [burst] (none named: all)
+  image           build the agent's container image with no registry: a distroless Debian base from
+                  mmdebstrap, deploy/Containerfile built with podman, tagged netreap:<version>,
+                  saved as target/netreap-<version>.oci.tar
   vm-test         run the kernel-facing tests in Debian 6.1/6.12 kernels under qemu and on
                   this host: vm-test [--kernel 6.1|6.12|host|all] [--timeout SECS]
 ";
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         Some("test") => test(&ws, &args[1..]),
         Some("bench") => bench(&ws, &args[1..]),
         Some("vm-test") => return xtask::vm::main(&ws, &args[1..]),
+        Some("image") => xtask::image::build(&ws).map(|_| ()),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;

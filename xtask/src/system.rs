@@ -16,10 +16,21 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/bin/promtool", "prometheus"),
 ];
 
-/// Installs the missing packages with apt-get (root, Debian).
+/// What `cargo xtask image` and `daemonset-test` need: a Debian root file
+/// system without a registry (mmdebstrap), and an engine to build, save and
+/// run OCI images (podman).
+pub const IMAGE_PACKAGES: &[(&str, &str)] = &[("/usr/bin/mmdebstrap", "mmdebstrap"), ("/usr/bin/podman", "podman")];
+
+/// Installs the missing packages the tests need with apt-get (root, Debian).
 pub fn ensure_packages() -> Result<(), BuildError> {
+    ensure(PACKAGES)
+}
+
+/// Installs the missing packages of `list` ((a file that proves it, the
+/// Debian package)) with apt-get.
+pub fn ensure(list: &[(&str, &str)]) -> Result<(), BuildError> {
     let mut missing: Vec<&str> =
-        PACKAGES.iter().filter(|(file, _)| !Path::new(file).exists()).map(|(_, pkg)| *pkg).collect();
+        list.iter().filter(|(file, _)| !Path::new(file).exists()).map(|(_, pkg)| *pkg).collect();
     missing.dedup();
     if missing.is_empty() {
         return Ok(());
@@ -27,7 +38,7 @@ pub fn ensure_packages() -> Result<(), BuildError> {
     eprintln!("xtask: installing {}", missing.join(" "));
     run(Command::new("apt-get").args(["update", "-qq"]))?;
     run(Command::new("apt-get")
-        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(["install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", "--no-install-recommends"])
         .args(&missing)
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
