@@ -75,6 +75,7 @@ fn str_at<'a>(v: &'a Value, what: &str) -> &'a str {
 }
 
 /// Translates the `DaemonSet`'s pod template into `podman run` arguments.
+#[expect(clippy::too_many_lines, reason = "one field of the pod spec after another, in the manifest's order")]
 /// Anything the translation does not know is an error, never skipped: the
 /// manifest and this test must not drift apart silently.
 fn translate(daemonset: &Value, configmap: &Value, root: &Path, node_name: &str, name: &str) -> PodmanRun {
@@ -285,6 +286,7 @@ impl Scene {
 }
 
 #[test]
+#[expect(clippy::too_many_lines, reason = "one scenario, step by step, as the issue lists it")]
 #[ignore = "needs the image: run by `cargo xtask daemonset-test`"]
 fn the_daemonset_pod_spec_runs_the_agent_in_a_container() {
     assert!(support::kernel_tests_possible(), "root and BTF are needed");
@@ -367,8 +369,8 @@ fn the_daemonset_pod_spec_runs_the_agent_in_a_container() {
     ip(&["netns", "del", &leak_name]);
     scene.netns.retain(|n| *n != leak_name);
     let deleted = Instant::now();
-    let released = wait_until(Duration::from_secs(20), || !reserved(&leak));
-    assert!(released.is_some(), "the host leak was not released by the container; logs:\n{}", scene.logs());
+    let leak_gone = wait_until(Duration::from_secs(20), || !reserved(&leak));
+    assert!(leak_gone.is_some(), "the host leak was not released by the container; logs:\n{}", scene.logs());
     eprintln!("host leak released {:?} after its netns was deleted", deleted.elapsed());
     let releases = scene.events("release");
     assert!(
@@ -388,8 +390,7 @@ fn the_daemonset_pod_spec_runs_the_agent_in_a_container() {
             .into_iter()
             .flatten()
             .find(|v| v["reservation"]["container_id"] == id)
-            .map(|v| format!("{} ({})", v["status"], v["summary"]))
-            .unwrap_or_else(|| "no verdict".into())
+            .map_or_else(|| "no verdict".into(), |v| format!("{} ({})", v["status"], v["summary"]))
     };
     eprintln!("live pod: {}", verdict_of(&live));
     eprintln!("pod in a netns mounted only at {}: {}", hidden_path.display(), verdict_of(&hidden));

@@ -69,10 +69,10 @@ pub fn build(ws: &Workspace) -> Result<Image, BuildError> {
     toolchain::run(Command::new("cargo").current_dir(&ws.root).args(["build", "--release", "--locked", "-p", "netreap"]))?;
     let binary = ws.target.join("release/netreap");
 
-    let base_tag = format!("localhost/netreap-base:{release}");
-    let base_tar = work.join(format!("base-{release}.tar"));
-    if base_tar.exists() {
-        eprintln!("xtask image: base root file system {} (cached; delete it to rebuild)", base_tar.display());
+    let base_image = format!("localhost/netreap-base:{release}");
+    let base_rootfs = work.join(format!("base-{release}.tar"));
+    if base_rootfs.exists() {
+        eprintln!("xtask image: base root file system {} (cached; delete it to rebuild)", base_rootfs.display());
     } else {
         eprintln!("xtask image: making the base root file system with mmdebstrap ({release}: {BASE_PACKAGES})");
         let partial = work.join(format!("base-{release}.tar.partial"));
@@ -86,13 +86,13 @@ pub fn build(ws: &Workspace) -> Result<Image, BuildError> {
                 .arg(&release)
                 .arg(&partial),
         )?;
-        rename(&partial, &base_tar)?;
+        rename(&partial, &base_rootfs)?;
     }
     toolchain::run(
         Command::new("podman")
             .args(["import", "--quiet"])
-            .arg(&base_tar)
-            .arg(&base_tag),
+            .arg(&base_rootfs)
+            .arg(&base_image),
     )?;
 
     let context = work.join("context");
@@ -106,7 +106,7 @@ pub fn build(ws: &Workspace) -> Result<Image, BuildError> {
     toolchain::run(
         Command::new("podman")
             .args(["build", "--quiet", "--pull=never", "--build-arg"])
-            .arg(format!("BASE={base_tag}"))
+            .arg(format!("BASE={base_image}"))
             .arg("--file")
             .arg(ws.root.join("deploy/Containerfile"))
             .args(["--tag", &tag])
