@@ -766,3 +766,40 @@ fn journal_rotates_while_running_and_carries_open_intents() {
     assert_eq!(journal.pending().iter().map(|i| &i.id).collect::<Vec<_>>(), [&open.id], "found again at start");
     assert!(journal.warnings().is_empty(), "{:?}", journal.warnings());
 }
+
+/// After a clean stop with nothing pending, a start reads only the last
+/// line: garbage planted earlier in the file is not even seen. Without the
+/// marker (a crash), the whole file is read, and the garbage is reported.
+#[test]
+fn a_clean_stop_lets_the_next_start_read_only_the_last_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let data = tmp.path().join("networks");
+    fs::create_dir_all(data.join("n")).unwrap();
+    fs::write(data.join("n/10.0.0.2"), "c1\r\neth0").unwrap();
+    let r = HostLocalStore::new(&data).scan().reservations.remove(0);
+    let v = decide_one(&died(&["c1"]), &r, SystemTime::now(), &policy());
+    let path = state.join("journal.jsonl");
+    {
+        let mut journal = Journal::open(&state).unwrap();
+        let intent = journal.record_intent(&v, false).unwrap();
+        // Pending: no marker, the next start must find the intent.
+        assert!(!journal.close_clean().unwrap());
+        journal.record_outcome(&intent.id, &Outcome::AlreadyGone, None).unwrap();
+        assert!(journal.close_clean().unwrap());
+    }
+    let mut bytes = b"garbage a crash once left\n".to_vec();
+    bytes.extend(fs::read(&path).unwrap());
+    fs::write(&path, &bytes).unwrap();
+    {
+        let mut journal = Journal::open(&state).unwrap();
+        assert!(journal.pending().is_empty());
+        assert!(journal.warnings().is_empty(), "only the last line was read: {:?}", journal.warnings());
+        // A new intent, no clean stop (as after a crash): read in full.
+        journal.record_intent(&v, false).unwrap();
+    }
+    let journal = Journal::open(&state).unwrap();
+    assert_eq!(journal.pending().len(), 1, "the open intent is found");
+    assert_eq!(journal.warnings().len(), 1, "{:?}", journal.warnings());
+    assert!(journal.warnings()[0].contains("not a journal record"), "{:?}", journal.warnings());
+}

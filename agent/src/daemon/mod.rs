@@ -206,6 +206,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     drop(probes);
     let _ = watcher.stop().await;
     agent.events.sync()?;
+    if let Some(releaser) = agent.releaser.as_mut() {
+        // Nothing pending: the next start reads only the journal's last line.
+        releaser.journal_mut().close_clean()?;
+    }
     let _ = endpoint.stop.send(true);
     let _ = endpoint.task.await;
     info!("probes detached, journal and event stream flushed; bye");

@@ -12,8 +12,10 @@
 //! the journal is rotated: the pending intents are carried into a fresh
 //! file and the old one is kept as `journal.jsonl.1`, replacing the previous
 //! `.1`. So the state dir never holds much more than twice `max_bytes`. At
-//! start only what recovery needs is decoded: a first pass reads each line's
-//! kind and id, a second decodes just the intents left without outcome.
+//! start only what recovery needs is read: after a clean stop (a
+//! `clean_stop` record, written only when nothing is pending) just the last
+//! line; otherwise a first pass reads each line's kind and id, and a second
+//! decodes just the intents left without outcome.
 
 use std::{
     fs::{self, File, OpenOptions},
@@ -86,7 +88,21 @@ pub struct OutcomeRecord {
 pub enum Record {
     Intent(Intent),
     Outcome(OutcomeRecord),
+    /// The agent stopped cleanly with no intent pending (see
+    /// [`Journal::close_clean`]).
+    CleanStop(CleanStop),
 }
+
+/// "Stopped cleanly; nothing was pending." When it is the last line, a
+/// start needs to read nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanStop {
+    #[serde(with = "timefmt::rfc3339")]
+    pub at: SystemTime,
+}
+
+/// How much of the file's end is read to find a last `clean_stop` line.
+const TAIL_BYTES: u64 = 4096;
 
 /// An open journal. Holds the state dir's lock until dropped.
 #[derive(Debug)]
@@ -158,7 +174,9 @@ impl Journal {
             sync_dir(state_dir).map_err(io_err(state_dir))?;
         }
         let mut size = file.metadata().map_err(io_err(&path))?.len();
-        let Loaded { pending, warnings, torn } = load(&mut BufReader::new(&file)).map_err(io_err(&path))?;
+        let clean = ends_with_clean_stop(&mut file, size).map_err(io_err(&path))?;
+        let Loaded { pending, warnings, torn } =
+            if clean { Loaded::default() } else { load(&mut BufReader::new(&file)).map_err(io_err(&path))? };
         for w in &warnings {
             tracing::warn!(journal = %path.display(), "{w}");
         }
@@ -186,6 +204,18 @@ impl Journal {
             }
         }
         Ok(())
+    }
+
+    /// Records a clean stop when no intent is pending, so the next start
+    /// reads only the last line. Returns whether it was written (with
+    /// intents pending, the next start must find them: nothing is written).
+    pub fn close_clean(&mut self) -> Result<bool, JournalError> {
+        if !self.pending.is_empty() {
+            return Ok(false);
+        }
+        let line = Self::encode(&Record::CleanStop(CleanStop { at: SystemTime::now() }))?;
+        self.write_durably(&line)?;
+        Ok(true)
     }
 
     /// Current size of `journal.jsonl` in bytes.
@@ -354,6 +384,7 @@ struct Loaded {
 #[derive(Deserialize)]
 struct RecordHead {
     record: RecordKind,
+    #[serde(default)]
     id: String,
 }
 
@@ -362,6 +393,22 @@ struct RecordHead {
 enum RecordKind {
     Intent,
     Outcome,
+    CleanStop,
+}
+
+/// Whether the file's last line is a `clean_stop` record (read from the
+/// end, at most [`TAIL_BYTES`]).
+fn ends_with_clean_stop(file: &mut File, size: u64) -> io::Result<bool> {
+    use std::io::Read as _;
+    let start = size.saturating_sub(TAIL_BYTES);
+    file.seek(SeekFrom::Start(start))?;
+    let mut tail = Vec::with_capacity((size - start) as usize);
+    file.take(size - start).read_to_end(&mut tail)?;
+    // Back to the start for a full load (appends go to the end regardless).
+    file.seek(SeekFrom::Start(0))?;
+    let Some(body) = tail.strip_suffix(b"\n") else { return Ok(false) };
+    let last = body.rsplit(|b| *b == b'\n').next().unwrap_or(body);
+    Ok(matches!(serde_json::from_slice::<RecordHead>(last), Ok(RecordHead { record: RecordKind::CleanStop, .. })))
 }
 
 /// Reads the journal in two passes: the kind and id of every line, then
@@ -393,6 +440,7 @@ fn load<R: BufRead + Seek>(reader: &mut R) -> io::Result<Loaded> {
         }
         match serde_json::from_slice::<RecordHead>(body) {
             Ok(RecordHead { record: RecordKind::Intent, id }) => open.push((id, at, body.len())),
+            Ok(RecordHead { record: RecordKind::CleanStop, .. }) => {}
             Ok(RecordHead { record: RecordKind::Outcome, id }) => match open.iter().rposition(|(i, _, _)| *i == id) {
                 Some(pos) => {
                     open.remove(pos);
@@ -412,7 +460,7 @@ fn load<R: BufRead + Seek>(reader: &mut R) -> io::Result<Loaded> {
         reader.read_exact(&mut body)?;
         match serde_json::from_slice::<Record>(&body) {
             Ok(Record::Intent(intent)) => out.pending.push(intent),
-            Ok(Record::Outcome(_)) => {}
+            Ok(Record::Outcome(_) | Record::CleanStop(_)) => {}
             Err(e) => out.warnings.push(format!("intent {id}: not a complete record ({e}); skipped")),
         }
     }

@@ -99,6 +99,11 @@ impl Releaser {
         &self.journal
     }
 
+    /// The journal, to record a clean stop (`Journal::close_clean`).
+    pub fn journal_mut(&mut self) -> &mut Journal {
+        &mut self.journal
+    }
+
     #[must_use]
     pub fn config(&self) -> &ReleaserConfig {
         &self.config
