@@ -316,8 +316,15 @@ impl Agent {
         }
         let obs = self.observations().await?;
         let (now, policy) = (SystemTime::now(), self.policy);
-        let Some(releaser) = self.releaser.as_mut() else { return Ok(()) };
-        let records = releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
+        let Some(mut releaser) = self.releaser.take() else { return Ok(()) };
+        // Lock waits and fsyncs: on the blocking pool, so /healthz answers.
+        let (releaser, records) = tokio::task::spawn_blocking(move || {
+            let records = releaser.recover(|r| decide_one(&obs, r, now, &policy));
+            (releaser, records)
+        })
+        .await?;
+        self.releaser = Some(releaser);
+        let records = records?;
         for record in &records {
             self.emit_release(record, "recovery", None)?;
         }
