@@ -414,4 +414,26 @@ fn the_daemonset_pod_spec_runs_the_agent_in_a_container() {
     let inspect = podman(&["inspect", "--format", "{{.State.ExitCode}}", &scene.container]);
     assert_eq!(String::from_utf8_lossy(&inspect.stdout).trim(), "0", "clean exit on SIGTERM; logs:\n{}", scene.logs());
     assert!(scene.logs().contains("bye"), "flushed and detached");
+
+    // Restarted (a rollout, or kubelet after a crash): the new agent starts
+    // from the host's mount table and kernel alone, and keeps both pods.
+    let start = podman(&["start", &scene.container]);
+    assert!(start.status.success(), "podman start: {}", String::from_utf8_lossy(&start.stderr));
+    let ready = wait_until(ready_within, || probe(&readiness).is_some_and(|(s, _)| s == 200));
+    assert!(ready.is_some(), "not ready again after a restart; logs:\n{}", scene.logs());
+    let state: Value = http_get(local, "/state", Duration::from_secs(5))
+        .and_then(|(_, b)| serde_json::from_str(&b).ok())
+        .expect("/state after the restart");
+    let status_of = |id: &str| {
+        state["verdicts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["reservation"]["container_id"] == id)
+            .map_or_else(|| "no verdict".into(), |v| format!("{} ({})", v["status"], v["summary"]))
+    };
+    eprintln!("after a restart, pod in the hidden netns: {}", status_of(&hidden));
+    assert!(status_of(&live).starts_with("\"in_use\""), "live pod after a restart: {}", status_of(&live));
+    assert!(status_of(&hidden).starts_with("\"in_use\""), "hidden-netns pod after a restart: {}", status_of(&hidden));
+    assert!(reserved(&live) && reserved(&hidden), "both kept across the restart");
 }

@@ -18,8 +18,10 @@ const PACKAGES: &[(&str, &str)] = &[
 
 /// What `cargo xtask image` and `daemonset-test` need: a Debian root file
 /// system without a registry (mmdebstrap), and an engine to build, save and
-/// run OCI images (podman).
-pub const IMAGE_PACKAGES: &[(&str, &str)] = &[("/usr/bin/mmdebstrap", "mmdebstrap"), ("/usr/bin/podman", "podman")];
+/// run OCI images (podman; runc, because crun refuses this kind of host's
+/// hybrid cgroups).
+pub const IMAGE_PACKAGES: &[(&str, &str)] =
+    &[("/usr/bin/mmdebstrap", "mmdebstrap"), ("/usr/bin/podman", "podman"), ("/usr/sbin/runc", "runc")];
 
 /// Installs the missing packages the tests need with apt-get (root, Debian).
 pub fn ensure_packages() -> Result<(), BuildError> {
