@@ -18,6 +18,7 @@ pub mod config;
 pub mod daemon;
 pub mod discovery;
 pub mod engine;
+pub mod identity;
 pub mod ipam;
 pub mod kernel;
 pub mod ledger;

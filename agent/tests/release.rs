@@ -141,7 +141,7 @@ fn write_cache_entry(cache_dir: &Path, network: &str, cid: &str, ifname: &str, n
 fn died(cids: &[&str]) -> Observations {
     Observations {
         dead: vec![DeadNetns {
-            id: NetnsId { inode: 4_026_000_001, nsid: Some(7) },
+            id: NetnsId::new(Some(4_026_000_001), Some(7), None),
             died_at: SystemTime::now(),
             container_ids: cids.iter().map(|c| (*c).to_owned()).collect(),
             addresses: vec![],
@@ -238,7 +238,7 @@ fn releases_real_host_local_reservations_and_the_range_allocates_again() {
     // leak0 and leak6 died; the others are alive in `netns`.
     let mut obs = died(&["leak0", "leak6"]);
     obs.live.push(LiveNetns {
-        id: NetnsId { inode: netns.inode(), nsid: None },
+        id: NetnsId::new(Some(netns.inode()), None, None),
         container_ids: cids[1..].to_vec(),
         ..LiveNetns::default()
     });
@@ -539,7 +539,7 @@ fn journal_survives_a_crash_between_intent_and_unlink() {
     // (c) The owner turned out alive: its netns is live after all.
     let alive = Observations {
         live: vec![LiveNetns {
-            id: NetnsId { inode: netns.inode(), nsid: None },
+            id: NetnsId::new(Some(netns.inode()), None, None),
             container_ids: vec!["c".into()],
             ..LiveNetns::default()
         }],
@@ -695,7 +695,7 @@ fn a_reviewed_report_is_released_exactly_after_re_verification() {
     // Since the review, c1 came back to life (its netns is live).
     let fresh = Observations {
         live: vec![LiveNetns {
-            id: NetnsId { inode: 1, nsid: Some(1) },
+            id: NetnsId::new(Some(1), Some(1), None),
             container_ids: vec!["c1".into()],
             ..LiveNetns::default()
         }],
@@ -802,4 +802,78 @@ fn a_clean_stop_lets_the_next_start_read_only_the_last_line() {
     assert_eq!(journal.pending().len(), 1, "the open intent is found");
     assert_eq!(journal.warnings().len(), 1, "{:?}", journal.warnings());
     assert!(journal.warnings()[0].contains("not a journal record"), "{:?}", journal.warnings());
+}
+
+/// Issue 10: the last look under the plugin's lock. The decision said
+/// orphaned (its netns died), but the kernel, asked right before the
+/// unlink, has the IP configured in a live netns: the file stays, and the
+/// outcome says why, as a conflict.
+#[test]
+fn the_last_look_keeps_an_ip_configured_in_a_netns_now() {
+    if !real_plugin_possible() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("networks");
+    let netns = Netns::new();
+    let ip = add(&data, "nrrlook", "10.231.11.0/29", "c1", &netns);
+    let v = verdict_for(&data, &died(&["c1"]), ip);
+    assert_eq!(v.status, Status::Orphaned);
+    // The IP lives in a netns (here: the container's own, the model missed it).
+    let peer = unique("nrrv");
+    let run = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success(), "ip {args:?}");
+    run(&["link", "add", &peer, "type", "veth", "peer", "name", "eth0", "netns", &netns.name]);
+    let _peer = LinkGuard(peer);
+    run(&["-n", &netns.name, "addr", "add", &format!("{ip}/29"), "dev", "eth0"]);
+    let rec = releaser(&tmp.path().join("state"), &[&data], None, false).release(&v).unwrap();
+    assert!(
+        matches!(&rec.outcome, Outcome::LastLookKept { ip_configured: true, found } if found.contains("configured")),
+        "{}",
+        rec.outcome
+    );
+    assert!(v.reservation.path.exists(), "kept");
+}
+
+/// The last look also finds a CNI plugin of the container running now
+/// (its binary in a CNI bin dir, `CNI_CONTAINERID` in its environment),
+/// even one the ledger never saw.
+#[test]
+fn the_last_look_keeps_a_reservation_whose_cni_run_is_in_flight() {
+    if !real_plugin_possible() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("networks");
+    let netns = Netns::new();
+    let ip = add(&data, "nrrlook2", "10.231.12.0/29", "c2", &netns);
+    let v = verdict_for(&data, &died(&["c2"]), ip);
+    let bin = tmp.path().join("cni-bin");
+    fs::create_dir_all(&bin).unwrap();
+    fs::copy("/bin/sleep", bin.join("nrrplugin")).unwrap();
+    let mut plugin = Command::new(bin.join("nrrplugin")).arg("30").env("CNI_CONTAINERID", "c2").spawn().unwrap();
+    let mut rel = releaser(&tmp.path().join("state"), &[&data], None, false);
+    rel.set_last_look(Box::new(netreap::release::lastlook::KernelLook::new(
+        Vec::new(),
+        std::collections::HashSet::new(),
+        std::collections::HashSet::new(),
+        vec![bin.clone()],
+    )));
+    let rec = rel.release(&v).unwrap();
+    let _ = plugin.kill();
+    let _ = plugin.wait();
+    assert!(
+        matches!(&rec.outcome, Outcome::LastLookKept { ip_configured: false, found } if found.contains("running")),
+        "{}",
+        rec.outcome
+    );
+    assert!(v.reservation.path.exists(), "kept");
+}
+
+/// A host link, deleted on drop.
+struct LinkGuard(String);
+
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["link", "del", &self.0]).status();
+    }
 }

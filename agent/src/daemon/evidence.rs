@@ -11,31 +11,34 @@ use crate::{
     engine::{
         Observations,
         index::path_key,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsRef},
     },
+    identity::NetnsId,
     ipam::cnicache::CachedAttachment,
     ledger::Ledger,
-    model::snapshot::{ModelSnapshot, NetnsView},
+    model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
-
-fn netns_id(view: &NetnsView) -> Option<NetnsId> {
-    view.inode.map(|inode| NetnsId { inode: u64::from(inode), nsid: view.nsid })
-}
 
 /// Containers tied to each netns: by inode from the ledger, by path from the
 /// cache. Built once per observation, so a node with many pods stays linear.
+/// This is the one place where containers are joined to netns.
 struct ContainerIndex {
-    /// Ledger bindings by inode, with when they were seen.
+    /// Ledger bindings by inode, dated by the CNI run that made them.
     by_inode: HashMap<u64, Vec<(String, SystemTime)>>,
+    /// Bindings restored from an earlier run, which name their incarnation.
+    pinned: Vec<(NetnsId, String)>,
     by_path: HashMap<PathBuf, Vec<String>>,
 }
 
 impl ContainerIndex {
     fn new(ledger: &Ledger, cache: &[CachedAttachment]) -> Self {
         let mut by_inode: HashMap<u64, Vec<(String, SystemTime)>> = HashMap::new();
+        let mut pinned = Vec::new();
         for a in ledger.attachments() {
-            if let Some(inode) = a.netns_inode {
-                by_inode.entry(inode).or_default().push((a.container_id.clone(), a.first_seen));
+            if let Some(id) = a.pinned {
+                pinned.push((id, a.container_id.clone()));
+            } else if let (Some(inode), Some(bound_at)) = (a.netns_inode, a.netns_bound_at) {
+                by_inode.entry(inode).or_default().push((a.container_id.clone(), bound_at));
             }
         }
         let mut by_path: HashMap<PathBuf, Vec<String>> = HashMap::new();
@@ -44,21 +47,23 @@ impl ContainerIndex {
                 by_path.entry(path_key(Path::new(path))).or_default().push(entry.container_id.clone());
             }
         }
-        Self { by_inode, by_path }
+        Self { by_inode, pinned, by_path }
     }
 
-    fn containers_of(&self, view: &NetnsView) -> Vec<String> {
-        // An inode names a netns only while it lives: a binding belongs to
-        // the netns that had the inode when the binding was seen.
-        let mut ids: Vec<String> = view
+    /// Containers of one incarnation: ledger bindings made while it held
+    /// its inode, and cache entries naming a path it was mounted at.
+    fn containers_of(&self, life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
+        let mut ids: Vec<String> = life
+            .id
             .inode
-            .and_then(|i| self.by_inode.get(&u64::from(i)))
+            .and_then(|i| self.by_inode.get(&i))
             .into_iter()
             .flatten()
-            .filter(|(_, seen_at)| held_inode_at(view, *seen_at))
+            .filter(|(_, bound_at)| life.held_inode_at(*bound_at))
             .map(|(cid, _)| cid.clone())
             .collect();
-        for mount in &view.bind_mounts {
+        ids.extend(self.pinned.iter().filter(|(id, _)| id.may_be(&life.id)).map(|(_, cid)| cid.clone()));
+        for mount in bind_mounts {
             ids.extend(self.by_path.get(&path_key(mount)).into_iter().flatten().cloned());
         }
         ids.sort();
@@ -71,54 +76,99 @@ impl ContainerIndex {
 /// probe record and the discovery race the plugin).
 const DISCOVERY_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Did this netns hold its inode at `at`? (Known by then, not dead before.)
-fn held_inode_at(view: &NetnsView, at: SystemTime) -> bool {
-    view.first_seen <= at + DISCOVERY_SLACK && view.died_at.is_none_or(|d| d >= at)
+/// One incarnation's lifetime as the model saw it.
+struct Life {
+    id: NetnsId,
+    first_seen: SystemTime,
+    died_at: Option<SystemTime>,
 }
 
-/// The nsid of the netns that had `inode` at `at`: with it, the engine tells
-/// that netns from a later one that reuses the inode.
-fn nsid_at(snapshot: &ModelSnapshot, inode: u64, at: SystemTime) -> Option<i32> {
-    snapshot
+impl Life {
+    fn of(view: &NetnsView) -> Self {
+        Self { id: view.id(), first_seen: view.first_seen, died_at: view.died_at }
+    }
+
+    /// Could this incarnation have held its inode at `at`? (Known by then,
+    /// give or take discovery; not dead before.) Deaths are dated by when
+    /// the model learned of them, which can be late: near a death, both the
+    /// old and the new holder of an inode may qualify, and a binding then
+    /// names both (a live one keeps).
+    fn held_inode_at(&self, at: SystemTime) -> bool {
+        self.first_seen <= at + DISCOVERY_SLACK && self.died_at.is_none_or(|d| d >= at)
+    }
+}
+
+/// The incarnations that may have held `inode` at `at`. None known: the
+/// inode alone (it then matches any holder, which keeps).
+pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, at: SystemTime) -> Vec<NetnsId> {
+    let ids: Vec<NetnsId> = snapshot
         .netns
         .iter()
         .filter(|v| v.inode.map(u64::from) == Some(inode))
-        .find(|v| held_inode_at(v, at))
-        .and_then(|v| v.nsid)
+        .map(Life::of)
+        .filter(|l| l.held_inode_at(at))
+        .map(|l| l.id)
+        .collect();
+    if ids.is_empty() { vec![NetnsId::inode(inode)] } else { ids }
 }
+
+/// The containers a netns that just died was bound to (for its death event).
+#[must_use]
+pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
+    let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
+    ContainerIndex::new(ledger, cache).containers_of(&life, &death.bind_mounts)
+}
+
+/// When netreap itself first saw each CNI cache entry (by file), so that a
+/// binding it cannot resolve is timed from its own look, never from the
+/// file's mtime (a restart or an old file must not start the clock early).
+pub type FirstSeen = HashMap<PathBuf, SystemTime>;
 
 /// Everything the engine needs, from one model snapshot, the ledger and a
 /// cache scan. `watching_since` is when the probes last started recording
 /// without a gap (None for a one-shot scan that saw no CNI run).
+/// `cache_first_seen`: see [`FirstSeen`]; None (a one-shot scan) dates an
+/// unresolved cache binding by the file.
 #[must_use]
 pub fn observations(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
     cache: &[CachedAttachment],
     watching_since: Option<SystemTime>,
+    cache_first_seen: Option<&FirstSeen>,
 ) -> Observations {
     let mut obs = Observations { watching_since, ..Observations::default() };
     let containers = ContainerIndex::new(ledger, cache);
     for view in &snapshot.netns {
-        let Some(id) = netns_id(view) else { continue };
-        let container_ids = containers.containers_of(view);
+        let life = Life::of(view);
+        let container_ids = containers.containers_of(&life, &view.bind_mounts);
         let addresses = view.global_addresses().map(|a| a.ip).collect();
         let paths: Vec<PathBuf> = view.bind_mounts.clone();
+        // A netns known only by nsid (not openable from here) is as alive
+        // as any: it holds the addresses configured in it.
         match (view.alive, view.died_at) {
-            (true, _) => obs.live.push(LiveNetns { id, container_ids, addresses, paths }),
-            (false, Some(died_at)) => obs.dead.push(DeadNetns { id, died_at, container_ids, addresses, paths }),
+            (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
+            (false, Some(died_at)) => obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths }),
             // Dead without a time cannot anchor a release: leave it out.
             (false, None) => {}
         }
     }
     for a in ledger.attachments() {
-        let seen_at = a.first_seen;
-        let netns = match (a.netns_inode, &a.netns_path) {
-            (Some(inode), _) => NetnsRef::Id(NetnsId { inode, nsid: nsid_at(snapshot, inode, seen_at) }),
-            (None, Some(path)) => NetnsRef::Path(PathBuf::from(path)),
-            (None, None) => continue,
+        let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
+        let netns: Vec<NetnsRef> = match (a.pinned, a.netns_inode, &a.netns_path) {
+            (Some(id), _, _) => vec![NetnsRef::Id(id)],
+            (None, Some(inode), _) => incarnations_at(snapshot, inode, bound_at).into_iter().map(NetnsRef::Id).collect(),
+            (None, None, Some(path)) => vec![NetnsRef::Path(PathBuf::from(path))],
+            (None, None, None) => Vec::new(),
         };
-        obs.bindings.push(Binding { container_id: a.container_id.clone(), netns, source: BindingSource::CniExec, seen_at });
+        for netns in netns {
+            obs.bindings.push(Binding {
+                container_id: a.container_id.clone(),
+                netns,
+                source: BindingSource::CniExec,
+                seen_at: bound_at,
+            });
+        }
         for op in &a.operations {
             obs.cni_ops.push(CniOp {
                 container_id: Some(a.container_id.clone()),
@@ -131,7 +181,7 @@ pub fn observations(
             });
         }
     }
-    add_cache_bindings(&mut obs, snapshot, ledger, cache);
+    add_cache_bindings(&mut obs, snapshot, ledger, cache, cache_first_seen);
     obs
 }
 
@@ -141,25 +191,39 @@ pub fn observations(
 /// from that moment. A path alone may no longer resolve: `ip netns del`
 /// unmounts it before the netns dies (a plugin holding it keeps it alive),
 /// and the runtime writes the cache after the plugins returned.
-fn add_cache_bindings(obs: &mut Observations, snapshot: &ModelSnapshot, ledger: &Ledger, cache: &[CachedAttachment]) {
+fn add_cache_bindings(
+    obs: &mut Observations,
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[CachedAttachment],
+    first_seen: Option<&FirstSeen>,
+) {
     for entry in cache {
         let Some(path) = entry.netns.as_deref() else { continue };
         let resolved = ledger.get(&entry.container_id).and_then(|a| {
             let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
-            a.netns_inode.filter(|_| same_path).map(|inode| (inode, a.first_seen))
+            a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned))
         });
-        let (netns, seen_at) = match resolved {
-            Some((inode, seen_at)) => {
-                (NetnsRef::Id(NetnsId { inode, nsid: nsid_at(snapshot, inode, seen_at) }), seen_at)
+        let refs: Vec<(NetnsRef, SystemTime)> = match resolved {
+            Some(((_, bound_at), Some(pinned))) => vec![(NetnsRef::Id(pinned), bound_at)],
+            Some(((inode, bound_at), None)) => {
+                incarnations_at(snapshot, inode, bound_at).into_iter().map(|id| (NetnsRef::Id(id), bound_at)).collect()
             }
-            None => (NetnsRef::Path(PathBuf::from(path)), entry.written_at),
+            None => {
+                let seen = first_seen
+                    .and_then(|f| f.get(&entry.path))
+                    .map_or(entry.written_at, |&s| s.max(entry.written_at));
+                vec![(NetnsRef::Path(PathBuf::from(path)), seen)]
+            }
         };
-        obs.bindings.push(Binding {
-            container_id: entry.container_id.clone(),
-            netns,
-            source: BindingSource::CniCache,
-            seen_at,
-        });
+        for (netns, seen_at) in refs {
+            obs.bindings.push(Binding {
+                container_id: entry.container_id.clone(),
+                netns,
+                source: BindingSource::CniCache,
+                seen_at,
+            });
+        }
     }
 }
 
@@ -211,7 +275,7 @@ mod tests {
 
     struct Inode(u64);
     impl NetnsResolver for Inode {
-        fn inode_of(&self, _: &str) -> Option<u64> {
+        fn inode_of(&self, _: &str, _: Option<u32>) -> Option<u64> {
             Some(self.0)
         }
     }
@@ -268,8 +332,8 @@ mod tests {
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
-        let obs = observations(&snapshot, &ledger, &[], Some(t(0)));
-        assert_eq!(obs.bindings[0].netns, NetnsRef::Id(NetnsId { inode: 77, nsid: Some(1) }));
+        let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
+        assert_eq!(obs.bindings[0].netns, NetnsRef::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
         assert!(obs.live[0].container_ids.is_empty(), "the newcomer is not c1's");
         assert_eq!(obs.dead[0].container_ids, vec!["c1".to_owned()]);
         let r = reservation_of_c1(t(10));
@@ -300,12 +364,74 @@ mod tests {
             written_at: t(25),
             inode: 5,
         }];
-        let obs = observations(&snapshot, &ledger, &cache, Some(t(0)));
+        let obs = observations(&snapshot, &ledger, &cache, Some(t(0)), None);
         let cached: Vec<_> = obs.bindings.iter().filter(|b| b.source == BindingSource::CniCache).collect();
-        assert_eq!(cached[0].netns, NetnsRef::Id(NetnsId { inode: 77, nsid: Some(1) }));
+        assert_eq!(cached[0].netns, NetnsRef::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
         assert_eq!(cached[0].seen_at, t(10));
         let r = reservation_of_c1(t(12));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
         assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+    }
+
+    /// Issue 10: a live netns netreap cannot open (bind-mounted where its
+    /// mount namespace does not see) is known only by nsid. It still holds
+    /// the IP configured in it; and a cache binding to its path that
+    /// netreap cannot resolve is timed from netreap's own first look, not
+    /// from the file's hour-old mtime.
+    #[test]
+    fn a_netns_known_only_by_nsid_keeps_its_ip_and_an_old_cache_file_starts_no_clock() {
+        let mut only_nsid = view(1, 9, 3000, None, Some("10.0.0.2"));
+        only_nsid.inode = None;
+        let snapshot = ModelSnapshot {
+            taken_at: t(3600),
+            netns: vec![only_nsid],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        };
+        let cache = vec![CachedAttachment {
+            path: "/c/n-c1-eth0".into(),
+            network: "n".into(),
+            container_id: "c1".into(),
+            ifname: "eth0".into(),
+            netns: Some("/var/run/docker/netns/abc".into()),
+            ips: vec!["10.0.0.2".parse().unwrap()],
+            written_at: t(0),
+            inode: 5,
+        }];
+        let first_seen: FirstSeen = [(PathBuf::from("/c/n-c1-eth0"), t(3500))].into_iter().collect();
+        let obs = observations(&snapshot, &Ledger::new(), &cache, Some(t(3000)), Some(&first_seen));
+        assert_eq!(obs.live.len(), 1, "the nsid-only netns is live");
+        assert_eq!(obs.bindings[0].seen_at, t(3500));
+        let r = reservation_of_c1(t(0));
+        let verdict = decide_one(&obs, &r, t(3600), &crate::engine::Policy::default());
+        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+        // Even with the address gone from view, the binding is not past
+        // the orphan grace: netreap looked first 100 s ago.
+        let mut no_addr = obs.clone();
+        no_addr.live[0].addresses.clear();
+        let verdict = decide_one(&no_addr, &r, t(3600), &crate::engine::Policy::default());
+        assert_eq!(verdict.status, Status::Pending, "{}", verdict.summary);
+    }
+
+    /// The model learns of a death a little late; a CNI run that names the
+    /// inode just after it was reused binds the container to both the dying
+    /// holder and the new one. The live one keeps the reservation.
+    #[test]
+    fn a_binding_made_near_an_inode_reuse_names_both_holders_and_the_live_one_keeps() {
+        // Old holder (nsid 1) died at t=20.5 as the model saw it; the new
+        // one (nsid 2) was first seen at t=20.2; the ADD named inode 77 at 20.
+        let ledger = ledger_with_add("/run/netns/b", 20, 21, 77);
+        let snapshot = ModelSnapshot {
+            taken_at: t(40),
+            netns: vec![view(77, 2, 20, None, None), view(77, 1, 5, Some(21), None)],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        };
+        let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
+        let ids: Vec<_> = obs.bindings.iter().map(|b| b.netns.clone()).collect();
+        assert_eq!(ids.len(), 2, "{ids:?}");
+        let r = reservation_of_c1(t(20));
+        let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
+        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
     }
 }

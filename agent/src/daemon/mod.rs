@@ -5,6 +5,7 @@
 
 pub mod evidence;
 pub mod oneshot;
+pub mod restore;
 mod report;
 
 use std::{
@@ -27,8 +28,11 @@ use crate::{
         probes::{ProbeState, Probes},
         stream::KernelStream,
     },
-    ledger::{Ledger, StatResolver},
-    model::{ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
+    ledger::{
+        Ledger, StatResolver,
+        persist::{self, Window},
+    },
+    model::{DeathSource, ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
     release::{ReleaseError, ReleaseRecord, Releaser, ReleaserConfig, retry::RetryGate},
     telemetry::{
         clock::Clock,
@@ -91,8 +95,14 @@ struct Agent {
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     verdicts: HashMap<ReservationKey, Status>,
+    /// When this agent first saw each CNI cache entry.
+    cache_first_seen: evidence::FirstSeen,
     /// The ledger changed since /state last showed it.
     attachments_dirty: bool,
+    /// What survives a restart (see `restore`).
+    memory: Memory,
+    /// Resolves CNI_NETNS paths (through the host's root in a container).
+    resolver: StatResolver,
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
@@ -153,10 +163,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     let watcher_config = WatcherConfig {
         resync_interval: config.resync_interval,
-        discovery: crate::discovery::DiscoveryPaths {
-            mountinfo: config.mountinfo.clone(),
-            ..crate::discovery::DiscoveryPaths::default()
-        },
+        discovery: crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone()),
         ..WatcherConfig::default()
     };
     let (watcher, mut deaths) = Watcher::start(watcher_config).await.context("starting the netns model")?;
@@ -188,12 +195,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         release_waiting: false,
         watching_since,
         verdicts: HashMap::new(),
+        cache_first_seen: evidence::FirstSeen::new(),
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
+        memory: Memory::default(),
+        resolver: StatResolver {
+            host_root: crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo),
+        },
         state,
         config,
     };
 
+    agent.remember().await;
     agent.recover().await?;
     agent.reconcile("startup").await?;
     endpoint.readiness.mark_ready();
@@ -204,6 +217,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
     drop(probes);
+    agent.save_knowledge().await;
     let _ = watcher.stop().await;
     agent.events.sync()?;
     if let Some(releaser) = agent.releaser.as_mut() {
@@ -240,7 +254,109 @@ pub fn log_probe_status(probes: &Probes) {
     }
 }
 
+/// What this run carries over from earlier ones, and saves for later ones.
+#[derive(Default)]
+struct Memory {
+    boot_id: String,
+    /// Closed windows of complete watching (earlier runs, and this run's
+    /// before a ring-buffer loss).
+    windows: Vec<Window>,
+    /// Netns of saved bindings that the kernel says died while netreap was
+    /// down.
+    dead_while_down: Vec<crate::engine::observations::DeadNetns>,
+    /// The ledger changed since the last save.
+    dirty: bool,
+}
+
 impl Agent {
+    /// Loads what an earlier run saved and asks the kernel what became of
+    /// each netns it knew (after the model's first full sync).
+    async fn remember(&mut self) {
+        self.memory.boot_id = persist::boot_id();
+        let knowledge = match persist::load(&self.config.state_dir) {
+            Ok(Some(k)) => k,
+            Ok(None) => return,
+            Err(e) => {
+                warn!("earlier knowledge not used: {e}");
+                return;
+            }
+        };
+        let snapshot = match self.model.snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("earlier knowledge not used: no model snapshot: {e}");
+                return;
+            }
+        };
+        let same_boot = !knowledge.boot_id.is_empty() && knowledge.boot_id == self.memory.boot_id;
+        let known_good = snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid);
+        let mut querier = crate::netlink::query::Querier::open().ok();
+        let mut nsid_exists = |nsid: i32| querier.as_mut().and_then(|q| q.nsid_exists(nsid, known_good).ok().flatten());
+        let (mut alive, mut dead, mut unknown) = (0usize, 0usize, 0usize);
+        let mut restored_attachments = Vec::with_capacity(knowledge.bindings.len());
+        for saved in knowledge.bindings {
+            let fate = restore::fate(&saved, knowledge.saved_at, same_boot, &snapshot, &mut nsid_exists);
+            match &fate {
+                Some(restore::Fate::Alive(_)) => alive += 1,
+                Some(restore::Fate::Dead { .. }) => dead += 1,
+                Some(restore::Fate::Unknown(_)) | None => unknown += 1,
+            }
+            let (attachment, died) = restore::restored(saved, fate.as_ref());
+            if let Some(d) = died {
+                if !self.memory.dead_while_down.iter().any(|x| x.id == d.id) {
+                    let _ = self.events.emit(
+                        SystemTime::now(),
+                        "netns_died",
+                        &json!({
+                            "netns": d.id,
+                            "netns_inode": d.id.inode,
+                            "nsid": d.id.nsid,
+                            "source": DeathSource::WhileDown,
+                            "died_after": crate::telemetry::clock::rfc3339(d.died_at),
+                            "bind_mounts": d.paths,
+                            "container_ids": d.container_ids,
+                            "same_boot": same_boot,
+                        }),
+                    );
+                    self.memory.dead_while_down.push(d);
+                } else if let Some(x) = self.memory.dead_while_down.iter_mut().find(|x| x.id == d.id) {
+                    x.container_ids.extend(d.container_ids);
+                }
+            }
+            restored_attachments.push(attachment);
+        }
+        self.ledger.restore(restored_attachments);
+        self.memory.windows = knowledge.watched;
+        info!(alive, dead, unknown, same_boot, "restored the bindings an earlier run saved");
+        self.attachments_dirty = true;
+        self.memory.dirty = true;
+    }
+
+    /// Saves the ledger with each binding's netns incarnation.
+    async fn save_knowledge(&mut self) {
+        let snapshot = match self.model.snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("knowledge not saved: no model snapshot: {e}");
+                return;
+            }
+        };
+        let now = SystemTime::now();
+        let mut windows = self.memory.windows.clone();
+        windows.push(Window { since: self.watching_since, until: now });
+        let knowledge = restore::knowledge_of(
+            &self.ledger,
+            &snapshot,
+            &self.memory.dead_while_down,
+            self.memory.boot_id.clone(),
+            windows,
+            now,
+        );
+        if let Err(e) = persist::save(&self.config.state_dir, &knowledge) {
+            warn!("knowledge not saved: {e}");
+        }
+    }
+
     /// Reacts to kernel records, deaths and timers until SIGINT or SIGTERM.
     async fn event_loop(
         &mut self,
@@ -316,6 +432,7 @@ impl Agent {
         }
         let obs = self.observations().await?;
         let (now, policy) = (SystemTime::now(), self.policy);
+        self.arm_last_look();
         let Some(mut releaser) = self.releaser.take() else { return Ok(()) };
         // Lock waits and fsyncs: on the blocking pool, so /healthz answers.
         let (releaser, records) = tokio::task::spawn_blocking(move || {
@@ -336,7 +453,21 @@ impl Agent {
         // A directory scan: on the blocking pool, not the event thread.
         let cache_dir = self.cache.clone();
         let cache = tokio::task::spawn_blocking(move || cache_dir.scan()).await?;
-        let obs = evidence::observations(&snapshot, &self.ledger, &cache.attachments, Some(self.watching_since));
+        let now = SystemTime::now();
+        self.cache_first_seen.retain(|path, _| cache.attachments.iter().any(|a| &a.path == path));
+        for a in &cache.attachments {
+            self.cache_first_seen.entry(a.path.clone()).or_insert(now);
+        }
+        let obs = evidence::observations(
+            &snapshot,
+            &self.ledger,
+            &cache.attachments,
+            Some(self.watching_since),
+            Some(&self.cache_first_seen),
+        );
+        let mut obs = obs;
+        obs.dead.extend(self.memory.dead_while_down.iter().cloned());
+        obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
         if let Ok(mut s) = self.state.lock() {
             s.model = Some(snapshot);
@@ -358,7 +489,7 @@ impl Agent {
                         tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
                     }
                     let clock = self.clock;
-                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &StatResolver)
+                    if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &self.resolver)
                         && let KernelEvent::CniExit { task, .. } = &event {
                             if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
                                 self.metrics.cni_operation(&op.command, op.result());
@@ -378,24 +509,21 @@ impl Agent {
             self.model.kernel_events(decoded).await?;
             // Rendered for /state at most once a second (housekeeping).
             self.attachments_dirty = true;
+            self.memory.dirty = true;
         }
         Ok(cni_finished)
     }
 
     fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<()> {
         self.metrics.netns_destroyed();
-        let containers: Vec<&str> = self
-            .ledger
-            .attachments()
-            .filter(|a| a.netns_inode.is_some() && a.netns_inode == death.inode.map(u64::from))
-            .map(|a| a.container_id.as_str())
-            .collect();
+        let containers = evidence::containers_of_death(&self.ledger, &[], death);
         let addresses: Vec<String> = death.addresses.iter().map(|a| a.ip.to_string()).collect();
         info!(inode = ?death.inode, nsid = ?death.nsid, source = ?death.source, ?addresses, "netns died");
         self.events.emit(
             death.at,
             "netns_died",
             &json!({
+                "netns": death.id(),
                 "netns_inode": death.inode,
                 "nsid": death.nsid,
                 "source": death.source,
@@ -419,12 +547,17 @@ impl Agent {
 
     async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
         self.publish_attachments();
+        if std::mem::take(&mut self.memory.dirty) {
+            self.save_knowledge().await;
+        }
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth
             // grace again, and re-read the model.
             warn!(dropped, "ring buffer full: kernel records lost; resyncing");
-            self.watching_since = SystemTime::now();
+            let now = SystemTime::now();
+            self.memory.windows.push(Window { since: self.watching_since, until: now });
+            self.watching_since = now;
             self.metrics.ringbuf_drops(dropped);
             self.metrics.resync("ringbuf_drop");
             self.events.emit(SystemTime::now(), "records_dropped", &json!({ "dropped": dropped }))?;
@@ -469,15 +602,16 @@ impl Agent {
     /// records come back through `release_done`. One batch at a time: while
     /// one runs, orphans wait for the reconcile that follows it.
     fn start_release(&mut self, verdicts: &[Verdict]) {
-        let Some(mut releaser) = self.releaser.take() else {
+        if self.releaser.is_none() {
             self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
             return;
-        };
+        }
         let admitted = self.gate.admit(verdicts, std::time::Instant::now());
         if admitted.is_empty() {
-            self.releaser = Some(releaser);
             return;
         }
+        self.arm_last_look();
+        let Some(mut releaser) = self.releaser.take() else { return };
         // The releaser acts on every orphan it is given and reads the
         // others only as context (which IPs an attachment still holds), so
         // orphans the gate holds back go in as context, marked pending.
@@ -570,6 +704,27 @@ impl Agent {
         Ok(())
     }
 
+    /// Gives the releaser a fresh last look: the kernel, asked about every
+    /// netns the model knows alive and any process netns it does not, and
+    /// the ledger's runs in flight.
+    fn arm_last_look(&mut self) {
+        let (mut nsids, mut inodes) = (Vec::new(), std::collections::HashSet::new());
+        if let Ok(s) = self.state.lock()
+            && let Some(model) = &s.model
+        {
+            for v in model.alive().filter(|v| !v.host) {
+                nsids.extend(v.nsid);
+                inodes.extend(v.inode.map(u64::from));
+            }
+            inodes.extend(model.alive().filter(|v| v.host).filter_map(|v| v.inode.map(u64::from)));
+        }
+        let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
+        let bin_dirs = crate::release::lastlook::DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect();
+        if let Some(releaser) = self.releaser.as_mut() {
+            releaser.set_last_look(Box::new(crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)));
+        }
+    }
+
     fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {
         let now = SystemTime::now();
         let latency = died_at.and_then(|d| now.duration_since(d).ok());
@@ -586,6 +741,24 @@ impl Agent {
             info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
         }
         self.events.emit(now, "release", &report::release(record, reason, latency))?;
+        if let crate::release::Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
+            // The model said no live netns holds the IP; the kernel, asked
+            // under the lock, said one does: both views, one event.
+            self.metrics.conflict();
+            warn!(ip = %r.ip, network = %r.network, "conflict at the last look: {found}");
+            self.events.emit(
+                now,
+                "conflict",
+                &json!({
+                    "network": r.network,
+                    "ip": r.ip,
+                    "reserved_by": r.container_id,
+                    "stage": "last_look",
+                    "evidence": record.verdict.evidence.iter().map(|e| e.text.clone()).collect::<Vec<_>>(),
+                    "kernel_view": found,
+                }),
+            )?;
+        }
         Ok(())
     }
 }

@@ -33,12 +33,12 @@ pub fn policy(config: &Config) -> Policy {
 /// Syncs the model once and returns the observations (cache included).
 pub async fn observe(config: &Config) -> anyhow::Result<Observations> {
     let discovery =
-        crate::discovery::DiscoveryPaths { mountinfo: config.mountinfo.clone(), ..crate::discovery::DiscoveryPaths::default() };
+        crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone());
     let (watcher, _deaths) = Watcher::start(WatcherConfig { discovery, ..WatcherConfig::default() }).await?;
     let snapshot = watcher.snapshot().await?;
     watcher.stop().await?;
     let cache = CniCache::new(config.cni_cache_dir.clone()).scan();
-    Ok(evidence::observations(&snapshot, &Ledger::new(), &cache.attachments, None))
+    Ok(evidence::observations(&snapshot, &Ledger::new(), &cache.attachments, None, None))
 }
 
 /// Blocking wrapper for CLI commands.

@@ -26,6 +26,7 @@ pub fn outcome_label(o: &Outcome) -> &'static str {
         Outcome::AlreadyGone => "already_gone",
         Outcome::OwnerChanged { .. } => "owner_changed",
         Outcome::Kept { .. } => "kept",
+        Outcome::LastLookKept { .. } => "kept_by_last_look",
         Outcome::Refused { .. } => "refused",
         Outcome::Anomalous { .. } => "anomalous",
         Outcome::Failed { .. } => "error",

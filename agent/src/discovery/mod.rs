@@ -35,20 +35,61 @@ pub enum DiscoveryError {
     },
 }
 
-/// Where to look; the defaults see what the agent's mount namespace sees.
+/// Where to look; the defaults see what the agent's mount namespace sees,
+/// and the host's too when the agent runs in a container of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DiscoveryPaths {
     pub proc_root: PathBuf,
     pub mountinfo: PathBuf,
+    /// The host's root (`/proc/1/root`, with hostPID) when the agent's
+    /// mount namespace is not the host's: netns bind-mounted in host
+    /// directories the container does not mount are found in the host's
+    /// mount table and opened through it.
+    pub host_root: Option<PathBuf>,
 }
 
 impl Default for DiscoveryPaths {
     fn default() -> Self {
-        Self {
-            proc_root: "/proc".into(),
-            mountinfo: "/proc/self/mountinfo".into(),
-        }
+        Self::with_mountinfo("/proc/self/mountinfo".into())
     }
+}
+
+impl DiscoveryPaths {
+    /// Discovery through the mount table `mountinfo` (the configured one:
+    /// `/proc/1/mountinfo` in the DaemonSet).
+    #[must_use]
+    pub fn with_mountinfo(mountinfo: PathBuf) -> Self {
+        let proc_root = PathBuf::from("/proc");
+        let host_root = host_root(&proc_root, &mountinfo);
+        Self { proc_root, mountinfo, host_root }
+    }
+
+    /// The host's mount table, when it is not the configured one.
+    fn host_mountinfo(&self) -> Option<PathBuf> {
+        let table = self.host_root.as_ref()?.parent()?.join("mountinfo");
+        (table != self.mountinfo).then_some(table)
+    }
+}
+
+/// The root through which the host's paths open, when the agent's mount
+/// namespace is not the host's: `PROC/N/root` of the process whose mount
+/// table is configured (`/proc/N/mountinfo`), else of PID 1 (hostPID).
+#[must_use]
+pub fn host_root(proc_root: &Path, mountinfo: &Path) -> Option<PathBuf> {
+    let pid_dir = mountinfo
+        .parent()
+        .filter(|dir| dir.parent() == Some(proc_root))
+        .filter(|dir| dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.parse::<u32>().is_ok()))
+        .map_or_else(|| proc_root.join("1"), Path::to_path_buf);
+    let own = fs::metadata(proc_root.join("self/ns/mnt")).ok()?.ino();
+    let other = fs::metadata(pid_dir.join("ns/mnt")).ok()?.ino();
+    (own != other).then(|| pid_dir.join("root"))
+}
+
+/// `path` as seen from `root` (`/run/netns/x` -> `/proc/1/root/run/netns/x`).
+#[must_use]
+pub fn under_root(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
 }
 
 /// How much to look at: mountinfo alone is cheap; processes cost one
@@ -94,6 +135,18 @@ pub fn scan(
         let s = found.entry(m.inode).or_default();
         if !s.bind_mounts.contains(&m.path) {
             s.bind_mounts.push(m.path);
+        }
+    }
+    // The host's mount table, when ours is another: paths as the host (and
+    // the CNI runtime) names them.
+    if let Some(table) = paths.host_mountinfo()
+        && let Ok(text) = fs::read_to_string(table)
+    {
+        for m in mountinfo::parse(&text) {
+            let s = found.entry(m.inode).or_default();
+            if !s.bind_mounts.contains(&m.path) {
+                s.bind_mounts.push(m.path);
+            }
         }
     }
     if scope == Scope::Full {
@@ -198,11 +251,21 @@ pub fn open_any(inode: u32, candidates: &[PathBuf]) -> Option<(OwnedFd, PathBuf)
         .find_map(|p| open_netns(p, inode).ok().map(|fd| (fd, p.clone())))
 }
 
+/// A bind mount's path as we see it, then through the host's root.
+#[must_use]
+pub fn mount_candidates(paths: &DiscoveryPaths, mounts: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = mounts.to_vec();
+    if let Some(root) = &paths.host_root {
+        out.extend(mounts.iter().map(|m| under_root(root, m)));
+    }
+    out
+}
+
 /// Paths that may lead to a sighted netns: its bind mounts, then its
 /// processes.
 #[must_use]
 pub fn candidate_paths(paths: &DiscoveryPaths, sighting: &Sighting) -> Vec<PathBuf> {
-    let mut out = sighting.bind_mounts.clone();
+    let mut out = mount_candidates(paths, &sighting.bind_mounts);
     out.extend(
         sighting
             .processes

@@ -200,14 +200,16 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
 }
 
 /// The youth grace stands in for CNI runs the agent may have missed. It is
-/// not needed when the probes, watching without a gap, saw the run that made
-/// the file: a CNI run of this very container that started after watching
+/// not needed when the probes, watching without a gap (in this run or an
+/// earlier one), saw the run that made the file: a CNI run of this very container that started after watching
 /// began and before the file was written (its exec record precedes the IPAM
 /// write). Then whether that ADD is in flight is known, not guessed.
 fn cni_runs_watched(ix: &Index<'_>, r: &Reservation) -> bool {
-    let Some(since) = ix.obs.watching_since else { return false };
-    ix.ops_of_exactly(&r.container_id)
-        .any(|op| op.started_at >= since && op.started_at <= r.created_at + WATCH_SLACK)
+    let watched = |t: SystemTime| {
+        ix.obs.watching_since.is_some_and(|since| t >= since)
+            || ix.obs.watched_before.iter().any(|(since, until)| t >= *since && t <= *until)
+    };
+    ix.ops_of_exactly(&r.container_id).any(|op| watched(op.started_at) && op.started_at <= r.created_at + WATCH_SLACK)
 }
 
 /// Why the owner counts as dead: the deaths seen, or the grace that passed.

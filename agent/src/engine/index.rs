@@ -9,7 +9,7 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
-use super::observations::{ApiPod, Binding, CniOp, DeadNetns, LiveNetns, NetnsRef, Observations};
+use super::observations::{ApiPod, Binding, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations};
 
 /// The form under which [`super::observations::same_netns_path`] calls two
 /// paths equal: `/var/run` folded into `/run`, components without the root.
@@ -29,10 +29,12 @@ fn push<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<usize>>, key: K, i: us
 pub struct Index<'a> {
     pub obs: &'a Observations,
     live_by_inode: HashMap<u64, Vec<usize>>,
+    live_by_nsid: HashMap<i32, Vec<usize>>,
     live_by_path: HashMap<PathBuf, Vec<usize>>,
     live_by_ip: HashMap<IpAddr, Vec<usize>>,
     live_by_container: HashMap<&'a str, Vec<usize>>,
     dead_by_inode: HashMap<u64, Vec<usize>>,
+    dead_by_nsid: HashMap<i32, Vec<usize>>,
     dead_by_path: HashMap<PathBuf, Vec<usize>>,
     dead_by_container: HashMap<&'a str, Vec<usize>>,
     /// Dead netns bound to no known container, by the addresses they held.
@@ -52,10 +54,12 @@ impl<'a> Index<'a> {
         let mut ix = Self {
             obs,
             live_by_inode: HashMap::new(),
+            live_by_nsid: HashMap::new(),
             live_by_path: HashMap::new(),
             live_by_ip: HashMap::new(),
             live_by_container: HashMap::new(),
             dead_by_inode: HashMap::new(),
+            dead_by_nsid: HashMap::new(),
             dead_by_path: HashMap::new(),
             dead_by_container: HashMap::new(),
             unowned_dead_by_ip: HashMap::new(),
@@ -66,13 +70,15 @@ impl<'a> Index<'a> {
             pods_by_ip: HashMap::new(),
         };
         for (i, n) in obs.live.iter().enumerate() {
-            push(&mut ix.live_by_inode, n.id.inode, i);
+            n.id.inode.into_iter().for_each(|k| push(&mut ix.live_by_inode, k, i));
+            n.id.nsid.into_iter().for_each(|k| push(&mut ix.live_by_nsid, k, i));
             n.paths.iter().for_each(|p| push(&mut ix.live_by_path, path_key(p), i));
             n.addresses.iter().for_each(|a| push(&mut ix.live_by_ip, *a, i));
             n.container_ids.iter().for_each(|c| push(&mut ix.live_by_container, c.as_str(), i));
         }
         for (i, d) in obs.dead.iter().enumerate() {
-            push(&mut ix.dead_by_inode, d.id.inode, i);
+            d.id.inode.into_iter().for_each(|k| push(&mut ix.dead_by_inode, k, i));
+            d.id.nsid.into_iter().for_each(|k| push(&mut ix.dead_by_nsid, k, i));
             d.paths.iter().for_each(|p| push(&mut ix.dead_by_path, path_key(p), i));
             d.container_ids.iter().for_each(|c| push(&mut ix.dead_by_container, c.as_str(), i));
             if d.container_ids.is_empty() {
@@ -98,12 +104,28 @@ impl<'a> Index<'a> {
         ix
     }
 
+    /// Candidates for an identity: by inode when it has one, else by nsid.
+    fn by_id<'m>(
+        by_inode: &'m HashMap<u64, Vec<usize>>,
+        by_nsid: &'m HashMap<i32, Vec<usize>>,
+        id: &NetnsId,
+    ) -> impl Iterator<Item = &'m usize> + 'm {
+        let bucket = match (id.inode, id.nsid) {
+            (Some(inode), _) => by_inode.get(&inode),
+            (None, Some(nsid)) => by_nsid.get(&nsid),
+            (None, None) => None,
+        };
+        bucket.into_iter().flatten()
+    }
+
     /// Live netns a reference may name (first in observation order).
     #[must_use]
     pub fn live_matching(&self, netns: &NetnsRef) -> Option<&'a LiveNetns> {
         let obs = self.obs;
         match netns {
-            NetnsRef::Id(id) => self.live_by_inode.get(&id.inode)?.iter().map(|&i| &obs.live[i]).find(|n| n.id.may_be(id)),
+            NetnsRef::Id(id) => {
+                Self::by_id(&self.live_by_inode, &self.live_by_nsid, id).map(|&i| &obs.live[i]).find(|n| n.id.may_be(id))
+            }
             NetnsRef::Path(p) => self.live_by_path.get(&path_key(p))?.first().map(|&i| &obs.live[i]),
         }
     }
@@ -113,10 +135,10 @@ impl<'a> Index<'a> {
     pub fn dead_matching(&self, netns: &NetnsRef, seen_at: std::time::SystemTime) -> Option<&'a DeadNetns> {
         let obs = self.obs;
         let bucket = match netns {
-            NetnsRef::Id(id) => self.dead_by_inode.get(&id.inode)?,
-            NetnsRef::Path(p) => self.dead_by_path.get(&path_key(p))?,
+            NetnsRef::Id(id) => Self::by_id(&self.dead_by_inode, &self.dead_by_nsid, id).collect::<Vec<_>>(),
+            NetnsRef::Path(p) => self.dead_by_path.get(&path_key(p))?.iter().collect(),
         };
-        bucket.iter().map(|&i| &obs.dead[i]).find(|d| {
+        bucket.into_iter().map(|&i| &obs.dead[i]).find(|d| {
             seen_at <= d.died_at
                 && match netns {
                     NetnsRef::Id(id) => d.id.may_be(id),

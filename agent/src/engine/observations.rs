@@ -13,37 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ipam::{cnicache::CachedAttachment, timefmt};
 
-/// A netns identity. The inode (ns.inum) is reused after a netns dies, so
-/// the nsid netreap assigned in the host netns tells two lives apart.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct NetnsId {
-    pub inode: u64,
-    /// None when no nsid is known (yet).
-    pub nsid: Option<i32>,
-}
-
-impl NetnsId {
-    /// Whether both may name the same netns: same inode, and nsids equal
-    /// when both are known. Unknown nsids match (keeping is the safe side
-    /// when this decides "alive"; death needs a time check as well).
-    #[must_use]
-    pub fn may_be(&self, other: &NetnsId) -> bool {
-        self.inode == other.inode
-            && match (self.nsid, other.nsid) {
-                (Some(a), Some(b)) => a == b,
-                _ => true,
-            }
-    }
-}
-
-impl std::fmt::Display for NetnsId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.nsid {
-            Some(nsid) => write!(f, "net:[{}] nsid {nsid}", self.inode),
-            None => write!(f, "net:[{}]", self.inode),
-        }
-    }
-}
+pub use crate::identity::NetnsId;
 
 /// A netns that exists now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +167,10 @@ pub struct Observations {
     /// needs no youth grace: the ledger knows whether its ADD is in flight.
     #[serde(default)]
     pub watching_since: Option<SystemTime>,
+    /// Spans in which earlier runs of netreap saw every CNI run (from its
+    /// state dir): the same holds for reservations made inside them.
+    #[serde(default)]
+    pub watched_before: Vec<(SystemTime, SystemTime)>,
 }
 
 impl Observations {
@@ -239,14 +213,6 @@ mod tests {
         assert!(same_netns_path(Path::new("/run/netns/cni-1"), Path::new("/run/netns/cni-1")));
         assert!(!same_netns_path(Path::new("/run/netns/cni-1"), Path::new("/run/netns/cni-2")));
         assert!(!same_netns_path(Path::new("/var/lib/x"), Path::new("/lib/x")));
-    }
-
-    #[test]
-    fn nsids_tell_lives_of_an_inode_apart() {
-        let a = NetnsId { inode: 7, nsid: Some(1) };
-        assert!(a.may_be(&NetnsId { inode: 7, nsid: None }));
-        assert!(!a.may_be(&NetnsId { inode: 7, nsid: Some(2) }));
-        assert!(!a.may_be(&NetnsId { inode: 8, nsid: Some(1) }));
     }
 
     #[test]

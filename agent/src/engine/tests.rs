@@ -40,7 +40,7 @@ fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
 }
 
 fn id(inode: u64, nsid: i32) -> NetnsId {
-    NetnsId { inode, nsid: Some(nsid) }
+    NetnsId::new(Some(inode), Some(nsid), None)
 }
 
 fn live(ns: NetnsId, cids: &[&str], addrs: &[&str], paths: &[&str]) -> LiveNetns {
@@ -274,7 +274,7 @@ fn a_reused_inode_is_told_apart_by_nsid_and_time() {
     assert_eq!(one(&reused, &r).status, Status::Orphaned);
     // Without an nsid the binding may be the live one: keep.
     let ambiguous = Observations {
-        bindings: vec![bind("c1", NetnsRef::Id(NetnsId { inode: 5, nsid: None }), t(10))],
+        bindings: vec![bind("c1", NetnsRef::Id(NetnsId::new(Some(5), None, None)), t(10))],
         ..reused.clone()
     };
     assert_eq!(one(&ambiguous, &r).status, Status::InUse);
@@ -385,7 +385,7 @@ fn a_time() -> impl Strategy<Value = SystemTime> {
     (0..NOW_SECS + 100).prop_map(t)
 }
 fn a_netns_id() -> impl Strategy<Value = NetnsId> {
-    (1u64..4, prop::option::of(0i32..2)).prop_map(|(inode, nsid)| NetnsId { inode, nsid })
+    (1u64..4, prop::option::of(0i32..2)).prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
 }
 fn a_netns_ref() -> impl Strategy<Value = NetnsRef> {
     prop_oneof![a_netns_id().prop_map(NetnsRef::Id), a_path().prop_map(NetnsRef::Path)]
@@ -448,15 +448,10 @@ fn observations() -> impl Strategy<Value = Observations> {
         prop::option::of(prop::collection::vec(a_cid(), 0..2)),
         prop::option::of(prop::collection::vec(a_pod(), 0..2)),
         prop::option::of(a_time()),
+        prop::collection::vec((a_time(), a_time()), 0..2),
     )
-        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since)| Observations {
-            live,
-            dead,
-            bindings,
-            cni_ops,
-            runtime_sandboxes,
-            api_pods,
-            watching_since,
+        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before)| {
+            Observations { live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before }
         })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {

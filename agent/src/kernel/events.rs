@@ -80,7 +80,7 @@ pub struct CniExec {
     pub env_scan_limited: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CniExit {
     /// Exit code, when the process exited normally.
     pub exit_code: Option<i32>,

@@ -8,7 +8,9 @@ use std::{
     time::SystemTime,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+pub mod persist;
 
 use crate::kernel::events::{CniExit, KernelEvent};
 
@@ -22,7 +24,7 @@ const KEEP_FIRST_OPS: usize = 8;
 const MAX_CONTAINERS: usize = 65_536;
 
 /// One run of one CNI plugin binary.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CniOperation {
     /// ADD, DEL, CHECK, GC, VERSION, STATUS.
     pub command: String,
@@ -61,13 +63,21 @@ impl CniOperation {
 }
 
 /// What the ledger knows about one container ID.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attachment {
     pub container_id: String,
     /// CNI_NETNS of the latest operation that named one.
     pub netns_path: Option<String>,
     /// Inode of that netns, resolved when the operation started (0 = unknown).
     pub netns_inode: Option<u64>,
+    /// Start of the CNI run that resolved `netns_inode`: the binding's date.
+    /// (Not the container's first run: a later ADD may name a new netns.)
+    pub netns_bound_at: Option<SystemTime>,
+    /// The netns incarnation an earlier run of netreap knew this binding
+    /// by (restored at start, see [`persist`]); it names the netns instead
+    /// of the inode, which may have been reused since.
+    #[serde(default)]
+    pub pinned: Option<crate::identity::NetnsId>,
     pub ifnames: Vec<String>,
     pub operations: Vec<CniOperation>,
     pub first_seen: SystemTime,
@@ -89,20 +99,44 @@ impl Attachment {
 }
 
 /// Resolves a CNI_NETNS path to its netns inode (stat), when it exists.
+/// `pid`: the plugin process that named it, whose own root is tried first
+/// (the path as the plugin sees it, from the nearest point to its exec).
 pub trait NetnsResolver {
-    fn inode_of(&self, path: &str) -> Option<u64>;
+    fn inode_of(&self, path: &str, pid: Option<u32>) -> Option<u64>;
 }
 
 /// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net. A
 /// path that is not nsfs (the empty mount point `ip netns del` leaves for a
 /// moment after unmounting) resolves to nothing, never to its own inode.
-pub struct StatResolver;
+#[derive(Debug, Clone, Default)]
+pub struct StatResolver {
+    /// The host's root when the agent's mount namespace is another
+    /// (`discovery::host_root`): runtime paths are the host's.
+    pub host_root: Option<std::path::PathBuf>,
+}
 
 /// `statfs(2)` type of the namespace filesystem.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
 
 impl NetnsResolver for StatResolver {
-    fn inode_of(&self, path: &str) -> Option<u64> {
+    fn inode_of(&self, path: &str, pid: Option<u32>) -> Option<u64> {
+        // The plugin's root, ours, then the host's (PID 1, with hostPID):
+        // in a container, runtime paths are the host's.
+        let mut candidates: Vec<std::path::PathBuf> = Vec::with_capacity(3);
+        if let Some(pid) = pid {
+            candidates.push(crate::discovery::under_root(std::path::Path::new(&format!("/proc/{pid}/root")), path.as_ref()));
+        }
+        candidates.push(path.into());
+        if let Some(root) = &self.host_root {
+            candidates.push(crate::discovery::under_root(root, path.as_ref()));
+        }
+        candidates.iter().find_map(|p| p.to_str().and_then(nsfs_inode))
+    }
+}
+
+/// The inode of the nsfs file at `path`; None for anything else.
+fn nsfs_inode(path: &str) -> Option<u64> {
+    {
         use std::os::unix::fs::MetadataExt as _;
         let c_path = std::ffi::CString::new(path).ok()?;
         // SAFETY: a NUL-terminated path and a zeroed out-struct.
@@ -143,7 +177,7 @@ impl Ledger {
                 }
                 let at = wall(task.ktime_ns);
                 let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
-                let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p));
+                let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p, Some(task.tgid)));
                 let ifname = exec.ifname.as_ref().map(|v| v.value.clone()).filter(|i| !i.is_empty());
                 let truncated = exec.command.truncated
                     || exec.container_id.as_ref().is_some_and(|v| v.truncated)
@@ -154,6 +188,8 @@ impl Ledger {
                     container_id: container_id.clone(),
                     netns_path: None,
                     netns_inode: None,
+                    netns_bound_at: None,
+                    pinned: None,
                     ifnames: Vec::new(),
                     operations: Vec::new(),
                     first_seen: at,
@@ -165,6 +201,8 @@ impl Ledger {
                     // keep the inode learned while it was alive.
                     if netns_inode.is_some() || entry.netns_path.as_deref() != Some(path) {
                         entry.netns_inode = netns_inode;
+                        entry.netns_bound_at = netns_inode.map(|_| at);
+                        entry.pinned = None;
                     }
                     entry.netns_path = Some(path.clone());
                 }
@@ -246,6 +284,21 @@ impl Ledger {
         sorted.into_values().cloned().collect()
     }
 
+    /// Adds attachments an earlier run recorded, unless this run has seen
+    /// the container already. Runs recorded in flight stay in flight until
+    /// their process is found gone ([`Ledger::reap_vanished`]).
+    pub fn restore(&mut self, attachments: Vec<Attachment>) {
+        for a in attachments {
+            if self.by_container.contains_key(&a.container_id) || self.by_container.len() >= MAX_CONTAINERS {
+                continue;
+            }
+            for op in a.operations.iter().filter(|op| op.in_flight()) {
+                self.running.entry(op.pid).or_insert_with(|| a.container_id.clone());
+            }
+            self.by_container.insert(a.container_id.clone(), a);
+        }
+    }
+
     fn evict_if_full(&mut self) {
         if self.by_container.len() < MAX_CONTAINERS {
             return;
@@ -281,7 +334,7 @@ mod tests {
 
     struct FixedResolver(Option<u64>);
     impl NetnsResolver for FixedResolver {
-        fn inode_of(&self, _: &str) -> Option<u64> {
+        fn inode_of(&self, _: &str, _: Option<u32>) -> Option<u64> {
             self.0
         }
     }
@@ -320,12 +373,12 @@ mod tests {
     fn the_stat_resolver_only_believes_nsfs() {
         use std::os::unix::fs::MetadataExt as _;
         let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
-        assert_eq!(StatResolver.inode_of("/proc/self/ns/net"), Some(own));
+        assert_eq!(StatResolver::default().inode_of("/proc/self/ns/net", None), Some(own));
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("cni-1234");
         std::fs::write(&plain, "").unwrap();
-        assert_eq!(StatResolver.inode_of(plain.to_str().unwrap()), None, "an unmounted mount point");
-        assert_eq!(StatResolver.inode_of("/nonexistent/netns"), None);
+        assert_eq!(StatResolver::default().inode_of(plain.to_str().unwrap(), None), None, "an unmounted mount point");
+        assert_eq!(StatResolver::default().inode_of("/nonexistent/netns", None), None);
     }
 
     #[test]

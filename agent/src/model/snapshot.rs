@@ -31,9 +31,19 @@ pub enum DeathSource {
     RtmDelnsid,
     /// fentry `__put_net`: its last reference dropped.
     PutNet,
-    /// A resync found it gone (its death notification was lost), or its
-    /// nsid or inode taken by another netns.
-    Resync,
+    /// Its death notice was lost (overrun), and a dump aimed at its nsid
+    /// was refused with EINVAL: the kernel no longer has that nsid, which it
+    /// removes only when the netns is destroyed. Dated by when it was last
+    /// known alive (the true time is between that and when this was noticed).
+    NsidGone,
+    /// The kernel gave its nsid, or its inode, to another netns: it is gone
+    /// (one live netns has one nsid and one inode). Dated by when it was
+    /// last known alive.
+    Superseded,
+    /// Recorded by an earlier run of netreap, and the kernel no longer
+    /// lists it (see `identity` in DESIGN.md): it died while netreap was
+    /// down. Dated by when that run last knew it alive.
+    WhileDown,
 }
 
 /// The task that created a netns, from the probes.
@@ -157,6 +167,12 @@ impl NetnsView {
         self.addresses.iter().filter(|a| a.is_global())
     }
 
+    /// This incarnation's identity.
+    #[must_use]
+    pub fn id(&self) -> crate::identity::NetnsId {
+        crate::identity::NetnsId::new(self.inode.map(u64::from), self.nsid, Some(self.first_seen))
+    }
+
     #[must_use]
     pub fn netns_ref(&self) -> NetnsRef {
         NetnsRef {
@@ -267,6 +283,12 @@ pub struct NetnsDeath {
 }
 
 impl NetnsDeath {
+    /// The identity of the incarnation that died.
+    #[must_use]
+    pub fn id(&self) -> crate::identity::NetnsId {
+        crate::identity::NetnsId::new(self.inode.map(u64::from), self.nsid, Some(self.first_seen))
+    }
+
     pub(crate) fn from_view(v: &NetnsView, at: SystemTime, source: DeathSource) -> Self {
         Self {
             inode: v.inode,

@@ -134,6 +134,9 @@ struct Netns {
     inode: Option<NetnsInode>,
     nsid: Option<i32>,
     first_seen: SystemTime,
+    /// Last time the kernel showed it alive (an event from it, a dump part
+    /// about it, an nsid reply): the earliest it can have died.
+    last_alive: SystemTime,
     /// Model epoch at creation: a sweep only judges records older than it.
     born: u64,
     creator: Option<Creator>,
@@ -152,6 +155,7 @@ impl Netns {
             inode,
             nsid,
             first_seen: now,
+            last_alive: now,
             born,
             creator: None,
             last_mounts: Vec::new(),
@@ -274,6 +278,9 @@ pub struct Model {
     resync: Option<Resync>,
     resync_again: bool,
     unresolved_nsids: bool,
+    /// A dump aimed at an nsid has succeeded: the kernel supports target
+    /// nsids, so an EINVAL for one means the nsid is gone.
+    targeted_dumps_work: bool,
     stats: ModelStats,
     actions: Vec<Action>,
     /// Time of the latest input, for state that records when it started.
@@ -349,6 +356,7 @@ impl Model {
             resync: None,
             resync_again: false,
             unresolved_nsids: false,
+            targeted_dumps_work: false,
             stats: ModelStats::default(),
             actions: Vec::new(),
             last_now: now,
@@ -528,7 +536,7 @@ impl Model {
             .is_some_and(|a| age(now, a.started_at) > STUCK)
         {
             warn!("netlink dump unanswered; moving on");
-            self.end_dump(false, now);
+            self.end_dump(DumpEnd::Lost, now);
         }
         if self.resync.is_some_and(|r| age(now, r.started) > STUCK * 4) {
             warn!("netns resync did not finish; starting over");
@@ -721,9 +729,17 @@ impl Model {
                 netns_inode,
                 via,
             } => self.netns_event(task, *netns_inode, Some(*via)),
-            KernelEvent::NetnsFreed { netns_inode, .. } => {
-                if let Some(&id) = self.by_inode.get(netns_inode) {
-                    self.die(id, DeathSource::PutNet, now);
+            KernelEvent::NetnsFreed { task, netns_inode } => {
+                // The record must be this very incarnation: a late record of
+                // an earlier netns with the same inode (reused at once)
+                // predates the current one's first sight.
+                let freed_at = self.clock.wall(task.ktime_ns);
+                if let Some(&id) = self.by_inode.get(netns_inode)
+                    && self.live.get(&id).is_some_and(|r| freed_at >= r.first_seen)
+                {
+                    self.die(id, DeathSource::PutNet, freed_at);
+                } else if self.by_inode.contains_key(netns_inode) {
+                    debug!(inode = netns_inode, "__put_net of an earlier netns with a reused inode: ignored");
                 }
             }
             KernelEvent::CniExec { .. } | KernelEvent::CniExit { .. } => {}
@@ -880,6 +896,7 @@ impl Model {
     fn nsid_appeared(&mut self, nsid: i32, now: SystemTime) -> RecordId {
         if let Some(&id) = self.by_nsid.get(&nsid) {
             self.note_seen(Target::Host, DumpWhat::Nsids, Seen::Nsid(nsid));
+            self.touch(Target::Record(id), now);
             return id;
         }
         self.unresolved_nsids = true;
@@ -934,12 +951,12 @@ impl Model {
         let holder = self.by_nsid.get(&nsid).copied();
         let by_inode = self.by_inode.get(&inode).copied();
         match holder {
-            Some(id) if by_inode == Some(id) => {}
+            Some(id) if by_inode == Some(id) => self.touch(Target::Record(id), now),
             Some(id) if self.live.get(&id).is_some_and(|r| r.inode.is_none()) => {
                 // One live netns has one nsid: another record claiming this
                 // inode is an older netns whose inode was reused.
                 if let Some(old) = by_inode {
-                    self.die(old, DeathSource::Resync, now);
+                    self.die_superseded(old);
                 }
                 let pending = self.pending_creators.remove(&inode);
                 let mounts = self
@@ -958,16 +975,16 @@ impl Model {
             }
             Some(id) => {
                 // nsid reused: its previous holder died unannounced.
-                self.die(id, DeathSource::Resync, now);
+                self.die_superseded(id);
                 if let Some(old) = self.by_inode.get(&inode).copied() {
-                    self.die(old, DeathSource::Resync, now);
+                    self.die_superseded(old);
                 }
                 self.stats.nsids_assigned += 1;
                 self.create(Some(inode), nsid, now);
             }
             None => {
                 if let Some(old) = by_inode {
-                    self.die(old, DeathSource::Resync, now);
+                    self.die_superseded(old);
                 }
                 self.stats.nsids_assigned += 1;
                 if counting {
@@ -978,11 +995,21 @@ impl Model {
         }
     }
 
+    /// Its nsid or inode now names another netns: dead since it was last
+    /// known alive.
+    fn die_superseded(&mut self, id: RecordId) {
+        if let Some(at) = self.live.get(&id).map(|r| r.last_alive) {
+            self.die(id, DeathSource::Superseded, at);
+        }
+    }
+
+    /// Records the kernel's word that netns `id` died at `now` (for sources
+    /// that cannot tell the time, the earliest it can have happened).
     fn die(&mut self, id: RecordId, source: DeathSource, now: SystemTime) {
         if !self.live.contains_key(&id) {
             return;
         }
-        if source == DeathSource::Resync {
+        if matches!(source, DeathSource::NsidGone | DeathSource::Superseded) {
             self.stats.corrections.netns_lost += 1;
         }
         // The view needs the record still in place to name its peers.
@@ -1028,6 +1055,15 @@ impl Model {
         }
     }
 
+    /// The kernel just showed `target` alive.
+    fn touch(&mut self, target: Target, now: SystemTime) {
+        if let Some(ns) = self.netns_mut(target)
+            && ns.last_alive < now
+        {
+            ns.last_alive = now;
+        }
+    }
+
     fn netns_mut(&mut self, target: Target) -> Option<&mut Netns> {
         match target {
             Target::Host => Some(&mut self.host),
@@ -1045,7 +1081,8 @@ impl Model {
     }
 
     /// A notification about `target` (not a dump part).
-    fn event(&mut self, target: Target, message: Message, _now: SystemTime) {
+    fn event(&mut self, target: Target, message: Message, now: SystemTime) {
+        self.touch(target, now);
         match message {
             Message::NewLink(l) => {
                 let ifindex = l.ifindex;
@@ -1207,12 +1244,13 @@ impl Model {
             Target::Host => true,
             Target::Record(id) => self.live.get(&id).is_some_and(|r| r.nsid == nsid),
         };
+        if target_alive && !matches!(message, Message::Done { .. } | Message::Error { .. }) {
+            self.touch(dump.target, now);
+        }
         match message {
-            Message::Done { error } => self.end_dump(error == 0, now),
-            Message::Error { errno, .. } => {
-                debug!(errno, what = ?dump.what, "dump refused");
-                self.end_dump(false, now);
-            }
+            Message::Done { error: 0 } => self.end_dump(DumpEnd::Complete, now),
+            Message::Done { error } => self.end_dump(DumpEnd::Refused(error.saturating_neg()), now),
+            Message::Error { errno, .. } => self.end_dump(DumpEnd::Refused(errno), now),
             Message::NewLink(l) if dump.what == DumpWhat::Links && target_alive => {
                 let ifindex = l.ifindex;
                 self.upsert_link(dump.target, l, true, dump.counting);
@@ -1253,41 +1291,69 @@ impl Model {
         }
     }
 
-    fn end_dump(&mut self, ok: bool, now: SystemTime) {
+    fn end_dump(&mut self, end: DumpEnd, _now: SystemTime) {
         let Some(active) = self.active.take() else {
             return;
         };
         let dump = active.dump;
+        let ok = end == DumpEnd::Complete;
+        if ok && active.nsid.is_some() {
+            self.targeted_dumps_work = true;
+        }
+        if let DumpEnd::Refused(errno) = end {
+            self.dump_refused(&active, errno);
+        }
         if ok && active.interrupted {
             // The kernel says the dump may be inconsistent: do it again
             // rather than sweep on it.
             self.dumps.push_front(dump);
         } else {
             if ok {
-                self.sweep(&active, now);
+                self.sweep(&active);
             }
             self.dump_finished(dump);
         }
         self.start_next_dump();
     }
 
+    /// A refused dump aimed at a record's nsid is the kernel saying that
+    /// nsid no longer exists (EINVAL from `rtnl_get_net_ns_capable`): it is
+    /// removed only when its netns is destroyed. Only trusted once a dump
+    /// by target nsid has worked here (older kernels refuse them all).
+    fn dump_refused(&mut self, active: &ActiveDump, errno: i32) {
+        let Target::Record(id) = active.dump.target else {
+            debug!(errno, what = ?active.dump.what, "dump refused");
+            return;
+        };
+        let same_life = self.live.get(&id).is_some_and(|r| r.nsid.is_some() && r.nsid == active.nsid);
+        if errno == libc::EINVAL && same_life && self.targeted_dumps_work {
+            if let Some(at) = self.live.get(&id).map(|r| r.last_alive) {
+                self.die(id, DeathSource::NsidGone, at);
+            }
+        } else {
+            debug!(errno, what = ?active.dump.what, nsid = ?active.nsid, "dump refused");
+        }
+    }
+
     /// Removes what existed before the dump started but was in neither the
     /// dump nor a notification since: changes whose events were lost.
-    fn sweep(&mut self, active: &ActiveDump, now: SystemTime) {
+    fn sweep(&mut self, active: &ActiveDump) {
         let dump = active.dump;
         let seen = &active.seen;
         if dump.what == DumpWhat::Nsids {
-            let lost: Vec<RecordId> = self
+            // Absence from this dump is never death: the kernel sends it in
+            // parts and resumes by position, so with many netns (about
+            // 1,300, fewer with fragmented memory) live ones go missing.
+            // Each record gets a dump aimed at its own nsid next (the
+            // resync's per-netns dumps); a refusal of that is the kernel's
+            // word (`dump_refused`).
+            let absent = self
                 .live
-                .iter()
-                .filter(|(_, r)| {
-                    r.born < active.started_epoch
-                        && r.nsid.is_some_and(|n| !seen.contains(&Seen::Nsid(n)))
-                })
-                .map(|(&id, _)| id)
-                .collect();
-            for id in lost {
-                self.die(id, DeathSource::Resync, now);
+                .values()
+                .filter(|r| r.born < active.started_epoch && r.nsid.is_some_and(|n| !seen.contains(&Seen::Nsid(n))))
+                .count();
+            if absent > 0 {
+                debug!(absent, "netns missing from the nsid dump; each is checked by its own nsid");
             }
             return;
         }
@@ -1502,6 +1568,16 @@ impl Model {
             stats: self.stats.clone(),
         }
     }
+}
+
+/// How a dump ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DumpEnd {
+    Complete,
+    /// Refused with this errno (positive).
+    Refused(i32),
+    /// Never finished.
+    Lost,
 }
 
 /// A dump or query unanswered this long was lost.

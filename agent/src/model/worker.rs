@@ -121,5 +121,5 @@ fn resolve(paths: &DiscoveryPaths, inode: u32, process: u32, thread: u32) -> Opt
     }
     let found = discovery::scan(paths, Scope::Mounts).ok()?;
     let sighting = found.get(&inode)?;
-    discovery::open_any(inode, &sighting.bind_mounts).map(|(fd, _)| fd)
+    discovery::open_any(inode, &discovery::mount_candidates(paths, &sighting.bind_mounts)).map(|(fd, _)| fd)
 }

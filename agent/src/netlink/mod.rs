@@ -2,6 +2,7 @@
 //! netns that hears links, addresses, routes and nsids of every netns that
 //! has an nsid here (`socket`), and the messages it carries (`wire`).
 
+pub mod query;
 pub mod socket;
 pub mod wire;
 

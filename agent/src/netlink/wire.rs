@@ -694,6 +694,12 @@ pub mod fake {
         message(NLMSG_DONE, NLM_F_MULTI, seq, &0i32.to_ne_bytes(), &[])
     }
 
+    /// A dump the kernel refused: DONE carrying `-errno`.
+    #[must_use]
+    pub fn done_refused(seq: u32, errno: i32) -> Vec<u8> {
+        message(NLMSG_DONE, NLM_F_MULTI, seq, &(-errno).to_ne_bytes(), &[])
+    }
+
     #[must_use]
     pub fn error(seq: u32, errno: i32) -> Vec<u8> {
         let mut fixed = (-errno).to_ne_bytes().to_vec();

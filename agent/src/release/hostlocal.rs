@@ -6,7 +6,10 @@
 
 use std::{io, net::IpAddr, os::unix::fs::MetadataExt, path::PathBuf};
 
-use super::outcome::Outcome;
+use super::{
+    lastlook::{LastLook, LookFound},
+    outcome::Outcome,
+};
 use crate::ipam::{
     AnomalyKind, Owner, Reservation, StoreRef,
     hostlocal::{EntryName, LOCK_FILE, ReadOwner, classify_name, is_valid_network_name, read_owner},
@@ -83,15 +86,22 @@ fn check(r: &Reservation, read: ReadOwner) -> Result<(), Outcome> {
 
 /// Dry run: reads without the lock (taking it could create the lock file)
 /// and changes nothing.
-pub(crate) fn would_release(r: &Reservation, t: &Target) -> Outcome {
+pub(crate) fn would_release(r: &Reservation, t: &Target, look: &mut dyn LastLook) -> Outcome {
     let dir = match open_dir(t) {
         Ok(dir) => dir,
         Err(outcome) => return outcome,
     };
-    match check(r, read_owner(&dir, &t.name)) {
+    match check(r, read_owner(&dir, &t.name)).and_then(|()| last_look(r, look)) {
         Ok(()) => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
         Err(outcome) => outcome,
     }
+}
+
+fn last_look(r: &Reservation, look: &mut dyn LastLook) -> Result<(), Outcome> {
+    look.before_unlink(r).map_err(|found| Outcome::LastLookKept {
+        ip_configured: matches!(found, LookFound::IpConfigured { .. }),
+        found: found.to_string(),
+    })
 }
 
 /// Removes the reservation file if it still is the one decided about.
@@ -99,7 +109,13 @@ pub(crate) fn would_release(r: &Reservation, t: &Target) -> Outcome {
 /// per directory instead, see `Releaser::release_orphaned`).
 /// `lock_timeout`: how long to wait for the plugin's lock before giving up
 /// with [`Outcome::LockBusy`].
-pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool, lock_timeout: std::time::Duration) -> Outcome {
+pub(crate) fn release(
+    r: &Reservation,
+    t: &Target,
+    sync_dir: bool,
+    look: &mut dyn LastLook,
+    lock_timeout: std::time::Duration,
+) -> Outcome {
     let dir = match open_dir(t) {
         Ok(dir) => dir,
         Err(outcome) => return outcome,
@@ -123,8 +139,8 @@ pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool, lock_timeout:
             }
             Err(e) => return Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
         };
-        // Critical section: re-read, compare, unlink. Nothing else.
-        match check(r, read_owner(&dir, &t.name)) {
+        // Critical section: re-read, compare, the last look, unlink.
+        match check(r, read_owner(&dir, &t.name)).and_then(|()| last_look(r, look)) {
             Ok(()) => match dir.unlink(&t.name) {
                 Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,

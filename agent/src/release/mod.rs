@@ -10,6 +10,7 @@
 mod cache;
 mod hostlocal;
 pub mod journal;
+pub mod lastlook;
 pub mod outcome;
 pub mod report;
 pub mod retry;
@@ -77,16 +78,29 @@ pub struct ReleaseRecord {
 }
 
 /// Releases orphaned reservations, one at a time, journaled.
-#[derive(Debug)]
 pub struct Releaser {
     journal: Journal,
     config: ReleaserConfig,
+    /// Asked under the plugin's lock right before each unlink.
+    look: Box<dyn lastlook::LastLook>,
+}
+
+impl std::fmt::Debug for Releaser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Releaser").field("journal", &self.journal).field("config", &self.config).finish_non_exhaustive()
+    }
 }
 
 impl Releaser {
     #[must_use]
     pub fn new(journal: Journal, config: ReleaserConfig) -> Self {
-        Self { journal, config }
+        Self { journal, config, look: Box::new(lastlook::KernelLook::default()) }
+    }
+
+    /// The last look for the next releases (the daemon gives one per batch,
+    /// with the model's netns; the default asks every netns it can find).
+    pub fn set_last_look(&mut self, look: Box<dyn lastlook::LastLook>) {
+        self.look = look;
     }
 
     /// Opens the journal in `state_dir` (taking its lock).
@@ -268,23 +282,24 @@ impl Releaser {
     }
 
     /// The store work: file under the plugin's lock, then the cache entry.
-    fn execute(&self, r: &Reservation, dry_run: bool) -> Outcome {
+    fn execute(&mut self, r: &Reservation, dry_run: bool) -> Outcome {
         self.execute_with(r, dry_run, None, true)
     }
 
     /// `still_held`: the attachment's other IPs when the caller knows them
     /// (a batch); None reads them from the store.
-    fn execute_with(&self, r: &Reservation, dry_run: bool, still_held: Option<Vec<IpAddr>>, sync_dir: bool) -> Outcome {
+    fn execute_with(&mut self, r: &Reservation, dry_run: bool, still_held: Option<Vec<IpAddr>>, sync_dir: bool) -> Outcome {
         let target = match hostlocal::target(r, &self.config.host_local_dirs) {
             Ok(t) => t,
             Err(reason) => return Outcome::Refused { reason },
         };
-        let mut outcome =
-            if dry_run {
-                hostlocal::would_release(r, &target)
-            } else {
-                hostlocal::release(r, &target, sync_dir, self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT))
-            };
+        let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
+        let look = self.look.as_mut();
+        let mut outcome = if dry_run {
+            hostlocal::would_release(r, &target, look)
+        } else {
+            hostlocal::release(r, &target, sync_dir, look, lock_timeout)
+        };
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.
         let wants_cache =

@@ -29,6 +29,9 @@ pub enum Outcome {
     OwnerChanged { found: String },
     /// Re-verification said keep.
     Kept { status: Status, reason: String },
+    /// The last look under the plugin's lock found the reservation in use
+    /// (its IP configured in a netns now, or a CNI run in flight): kept.
+    LastLookKept { found: String, ip_configured: bool },
     /// Not acted on: not orphaned, or not a reservation netreap can release.
     Refused { reason: String },
     /// The file became something that is not a reservation: not touched.
@@ -73,6 +76,7 @@ impl fmt::Display for Outcome {
             Self::AlreadyGone => f.write_str("already gone"),
             Self::OwnerChanged { found } => write!(f, "not released: owner changed ({found})"),
             Self::Kept { status, reason } => write!(f, "kept: now {status}: {reason}"),
+            Self::LastLookKept { found, .. } => write!(f, "kept by the last look: {found}"),
             Self::Refused { reason } => write!(f, "refused: {reason}"),
             Self::Anomalous { kind, detail } => write!(f, "not released: {kind:?}: {detail}"),
             Self::Failed { error } => write!(f, "failed: {error}"),

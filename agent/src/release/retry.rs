@@ -114,7 +114,10 @@ impl RetryGate {
                 Outcome::OwnerChanged { .. }
                 | Outcome::Anomalous { .. }
                 | Outcome::Failed { .. }
-                | Outcome::LockBusy { .. } => {
+                | Outcome::LockBusy { .. }
+                // The kernel showed it in use at the last moment: the next
+                // verdict will most likely say so too; if not, look later.
+                | Outcome::LastLookKept { .. } => {
                     entry.state = back_off(entry.state, now);
                 }
             }

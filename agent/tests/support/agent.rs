@@ -53,11 +53,24 @@ impl Agent {
     /// Starts `netreap run` on the lab's dirs with `extra` flags and waits
     /// until it is ready (first full reconcile done).
     pub fn start(lab: &Lab, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_wrapped(lab, &[], extra, env)
+    }
+
+    /// Like `start`, run through `wrapper` (e.g. `unshare --mount ...`):
+    /// the agent binary and its arguments are appended to it.
+    pub fn start_wrapped(lab: &Lab, wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let addr = free_port();
         let events = lab.dir.path().join("events.jsonl");
         let stderr = lab.dir.path().join(format!("agent-{}.log", addr.port()));
         let log = std::fs::File::create(&stderr).expect("agent log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_netreap"));
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(env!("CARGO_BIN_EXE_netreap"));
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_netreap")),
+        };
         cmd.arg("run")
             .args(lab.netreap_dir_args())
             .arg("--events")

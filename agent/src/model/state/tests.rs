@@ -71,6 +71,16 @@ fn addr(ifindex: u32, ip: &str, prefix_len: u8) -> Address {
 /// no more; other actions are returned.
 fn answer_dumps(
     m: &mut Model,
+    parts: impl FnMut(u16, Option<i32>, u32) -> Vec<Vec<u8>>,
+) -> Vec<Action> {
+    answer_dumps_without(m, &[], parts)
+}
+
+/// Like `answer_dumps`, with the kernel refusing (EINVAL) every dump aimed
+/// at an nsid in `gone`, as it does for an nsid it no longer has.
+fn answer_dumps_without(
+    m: &mut Model,
+    gone: &[i32],
     mut parts: impl FnMut(u16, Option<i32>, u32) -> Vec<Vec<u8>>,
 ) -> Vec<Action> {
     let mut kept = Vec::new();
@@ -99,6 +109,10 @@ fn answer_dumps(
                 }
                 _ => None,
             };
+            if target.is_some_and(|t| gone.contains(&t)) {
+                m.datagram(None, &fake::done_refused(*seq, libc::EINVAL), T0);
+                continue;
+            }
             for part in parts(h.kind, target, *seq) {
                 m.datagram(None, &part, T0);
             }
@@ -309,7 +323,7 @@ fn a_resync_finds_lost_deaths_and_missed_changes_and_counts_them() {
         panic!("no scan")
     };
     m.scan_done(generation, Scope::Full, BTreeMap::new());
-    let rest = answer_dumps(&mut m, |kind, _, seq| {
+    let rest = answer_dumps_without(&mut m, &[8], |kind, _, seq| {
         if kind == RTM_GETNSID {
             vec![fake::nsid(RTM_NEWNSID, seq, 7)]
         } else {
@@ -318,7 +332,7 @@ fn a_resync_finds_lost_deaths_and_missed_changes_and_counts_them() {
     });
     let d = deaths(&rest);
     assert_eq!(d.len(), 1);
-    assert_eq!((d[0].inode, d[0].source), (Some(101), DeathSource::Resync));
+    assert_eq!((d[0].inode, d[0].source), (Some(101), DeathSource::NsidGone));
     assert_eq!(m.stats().corrections.netns_lost, 1);
     assert_eq!(m.stats().resyncs, 3);
 }
@@ -522,4 +536,80 @@ proptest::proptest! {
         m.datagram(origin, &bytes, T0);
         let _ = m.snapshot(T0);
     }
+}
+
+/// Issue 10: the kernel's nsid dump comes in parts and resumes by position;
+/// with many netns, live ones go missing from it. Absence is not death:
+/// each is checked with a dump aimed at its own nsid, and only the kernel
+/// refusing that nsid (EINVAL) kills it.
+#[test]
+fn absence_from_an_nsid_dump_is_not_death() {
+    let mut m = synced(100, 7);
+    open(&mut m, 101, 8);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    for _ in 0..3 {
+        m.start_resync(true);
+        let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
+            panic!("no scan")
+        };
+        m.scan_done(generation, Scope::Full, BTreeMap::new());
+        // The dump lists only nsid 7; 8 still answers its own dumps.
+        let rest = answer_dumps(&mut m, |kind, _, seq| {
+            if kind == RTM_GETNSID {
+                vec![fake::nsid(RTM_NEWNSID, seq, 7)]
+            } else {
+                vec![]
+            }
+        });
+        assert!(deaths(&rest).is_empty(), "{:?}", deaths(&rest));
+    }
+    assert_eq!(live(&m, 101).nsid, Some(8));
+    assert_eq!(m.stats().corrections.netns_lost, 0);
+}
+
+/// An EINVAL before any dump by target nsid has worked may be an old
+/// kernel refusing them all: it kills nothing.
+#[test]
+fn a_refused_targeted_dump_kills_nothing_until_targeted_dumps_are_known_to_work() {
+    let mut m = model();
+    m.start_resync(false);
+    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
+        panic!("no scan")
+    };
+    open(&mut m, 100, 7);
+    m.scan_done(generation, Scope::Full, BTreeMap::new());
+    let rest = answer_dumps_without(&mut m, &[7], |kind, _, seq| {
+        if kind == RTM_GETNSID { vec![fake::nsid(RTM_NEWNSID, seq, 7)] } else { vec![] }
+    });
+    assert!(deaths(&rest).is_empty());
+    assert!(live(&m, 100).alive);
+}
+
+/// A `__put_net` record about an earlier netns whose inode was reused at
+/// once must not kill the netns that holds the inode now.
+#[test]
+fn a_stale_put_net_record_does_not_kill_the_netns_that_reused_the_inode() {
+    let mut m = synced(100, 7);
+    // Seen first now: long after the boot-time record below.
+    let now = SystemTime::now();
+    m.netns_opened(200, 99, now);
+    let actions = m.take_actions();
+    let get = requests(&actions).into_iter().find(|r| r.0 == RTM_GETNSID).expect("a GETNSID");
+    m.datagram(None, &fake::nsid(RTM_NEWNSID, get.1, 8), now);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    let stale = KernelEvent::NetnsFreed { task: Task { ktime_ns: 1, ..task("kworker") }, netns_inode: 200 };
+    m.kernel_event(&stale, now);
+    assert!(deaths(&m.take_actions()).is_empty(), "the stale record killed the newcomer");
+    assert!(m.snapshot(now).live_by_inode(200).is_some());
+    // Its own record (after its first sight) does.
+    let own_ktime = {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid out-pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64 + 50_000_000
+    };
+    let fresh = KernelEvent::NetnsFreed { task: Task { ktime_ns: own_ktime, ..task("kworker") }, netns_inode: 200 };
+    m.kernel_event(&fresh, now);
+    let d = deaths(&m.take_actions());
+    assert_eq!((d[0].inode, d[0].source), (Some(200), DeathSource::PutNet));
 }

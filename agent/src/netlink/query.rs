@@ -1,0 +1,168 @@
+//! Direct questions to the kernel on a socket of their own, answered at
+//! once (requests only, no multicast groups): does an nsid still name a
+//! netns, which addresses does a netns hold now. Used where a decision must
+//! rest on the kernel's word of this moment rather than on the model, which
+//! lags by whatever is still queued on its socket: at start (did a recorded
+//! netns die while netreap was down?) and in the last look before a release.
+//!
+//! Blocking: call from a blocking context. The kernel answers a dump within
+//! the sendmsg/recvmsg pair, so no read waits on anything but the kernel.
+
+use std::net::IpAddr;
+
+use super::{
+    RECV_BUFFER,
+    socket::{RtnlSocket, SocketError, SocketOptions},
+    wire::{self, Message},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    #[error("netlink dump ended without its DONE")]
+    Truncated,
+    #[error("setting a receive timeout: {0}")]
+    Timeout(std::io::Error),
+}
+
+/// How a dump ended.
+enum End {
+    Done,
+    Refused(i32),
+}
+
+pub struct Querier {
+    socket: RtnlSocket,
+    seq: u32,
+    buf: Vec<u8>,
+    /// A dump by target nsid has worked on this kernel.
+    targeted_ok: bool,
+}
+
+impl Querier {
+    pub fn open() -> Result<Self, QueryError> {
+        let socket =
+            RtnlSocket::open(&SocketOptions { groups: Vec::new(), listen_all_nsid: false, receive_buffer: 4 << 20, nonblocking: false })?;
+        // The kernel answers within the call; a read that waits longer is a
+        // request that gets no answer: fail rather than hang.
+        let timeout = libc::timeval { tv_sec: 2, tv_usec: 0 };
+        // SAFETY: a valid socket fd and a pointer to a timeval of the stated size.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                (&raw const timeout).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(QueryError::Timeout(std::io::Error::last_os_error()));
+        }
+        Ok(Self { socket, seq: 1, buf: vec![0; RECV_BUFFER], targeted_ok: false })
+    }
+
+    /// Sends `request` (built with `seq`) and feeds each message of its
+    /// answer to `each` until DONE or an error.
+    fn dump(&mut self, build: impl FnOnce(u32) -> Vec<u8>, mut each: impl FnMut(Message)) -> Result<End, QueryError> {
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let seq = self.seq;
+        self.socket.send(&build(seq))?;
+        loop {
+            let Some(d) = self.socket.recv(&mut self.buf)? else { return Err(QueryError::Truncated) };
+            for (header, payload) in wire::messages(&self.buf[..d.len]).flatten() {
+                if header.seq != seq {
+                    continue;
+                }
+                match wire::decode(&header, payload) {
+                    Ok(Message::Done { error: 0 }) => return Ok(End::Done),
+                    Ok(Message::Done { error }) => return Ok(End::Refused(error.saturating_neg())),
+                    Ok(Message::Error { errno, .. }) if errno != 0 => return Ok(End::Refused(errno)),
+                    Ok(m) => each(m),
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Does `nsid` name a netns now? `Some(false)` only on the kernel's
+    /// word: a dump aimed at it refused with EINVAL, on a kernel where such
+    /// a dump aimed at `known_good` (an nsid that exists) worked. `None`
+    /// when that cannot be told.
+    pub fn nsid_exists(&mut self, nsid: i32, known_good: Option<i32>) -> Result<Option<bool>, QueryError> {
+        if !self.targeted_ok {
+            let Some(good) = known_good else { return Ok(None) };
+            if matches!(self.dump(|s| wire::dump_links(s, Some(good)), |_| {})?, End::Done) {
+                self.targeted_ok = true;
+            } else {
+                return Ok(None);
+            }
+        }
+        Ok(match self.dump(|s| wire::dump_links(s, Some(nsid)), |_| {})? {
+            End::Done => Some(true),
+            End::Refused(libc::EINVAL) => Some(false),
+            End::Refused(_) => None,
+        })
+    }
+
+    /// The nsid of the netns behind `fd` (assigning one when `assign` and it
+    /// has none). None when the kernel gives none.
+    pub fn nsid_of(&mut self, fd: std::os::fd::RawFd, assign: bool) -> Result<Option<i32>, QueryError> {
+        if assign {
+            // Answered only on failure (EEXIST when it has one): not waited
+            // for; the GETNSID below is answered after it, in order.
+            self.seq = self.seq.wrapping_add(1).max(1);
+            self.socket.send(&wire::assign_nsid(self.seq, fd))?;
+        }
+        self.seq = self.seq.wrapping_add(1).max(1);
+        self.socket.send(&wire::get_nsid(self.seq, fd))?;
+        Ok(match self.reply(self.seq)? {
+            Some(Message::NewNsid { nsid }) => nsid,
+            _ => None,
+        })
+    }
+
+    /// The one message answering request `seq`.
+    fn reply(&mut self, seq: u32) -> Result<Option<Message>, QueryError> {
+        loop {
+            let Some(d) = self.socket.recv(&mut self.buf)? else { return Err(QueryError::Truncated) };
+            for (header, payload) in wire::messages(&self.buf[..d.len]).flatten() {
+                if header.seq == seq {
+                    return Ok(wire::decode(&header, payload).ok());
+                }
+            }
+        }
+    }
+
+    /// The nsids the kernel lists now. The dump is paged by position, so a
+    /// netns may be missing from it: use it to find more netns to ask
+    /// about, never to conclude one is gone.
+    pub fn nsids(&mut self) -> Result<Vec<i32>, QueryError> {
+        let mut out = Vec::new();
+        self.dump(wire::dump_nsids, |m| {
+            if let Message::NewNsid { nsid: Some(n) } = m {
+                out.push(n);
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// The addresses configured in the netns with `nsid` (None: netreap's
+    /// own) right now. `Ok(None)` when the kernel refused the dump.
+    pub fn addresses(&mut self, nsid: Option<i32>) -> Result<Option<Vec<IpAddr>>, QueryError> {
+        let mut ips = Vec::new();
+        let end = self.dump(
+            |s| wire::dump_addresses(s, nsid),
+            |m| {
+                if let Message::NewAddress(a) = m {
+                    ips.push(a.ip);
+                }
+            },
+        )?;
+        Ok(match end {
+            End::Done => Some(ips),
+            End::Refused(_) => None,
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! The last look before an unlink: under the plugin's lock, right before a
+//! reservation file goes, ask the kernel once more whether its IP is
+//! configured in any netns now, and whether a CNI run of its container is
+//! running. The decision was made on the model, which lags by whatever is
+//! still queued; the last look rests on this moment's kernel.
+//!
+//! The kernel's answers are gathered once per batch, on the first check, and
+//! each reservation is then checked under its lock. That is sound for
+//! host-local: its ADD picks an IP under the same lock and skips every IP
+//! that has a file, so the IP being released cannot be handed out and
+//! configured between the look and the unlink.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fs,
+    net::IpAddr,
+    os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
+    path::{Path, PathBuf},
+};
+
+use crate::{ipam::Reservation, netlink::query::Querier};
+
+/// Checked right before each unlink; `Err(why)` keeps the reservation.
+pub trait LastLook: Send {
+    fn before_unlink(&mut self, r: &Reservation) -> Result<(), LookFound>;
+}
+
+/// What the last look found that keeps a reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookFound {
+    /// The IP is configured in these netns now (a conflict with the model's
+    /// view, reported with both).
+    IpConfigured { netns: Vec<String> },
+    /// A CNI plugin of the container is running.
+    CniRunInFlight { pid: Option<u32> },
+    /// The kernel could not be asked: keep.
+    Unavailable { error: String },
+}
+
+impl std::fmt::Display for LookFound {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::IpConfigured { netns } => write!(f, "its IP is configured now in {}", netns.join(", ")),
+            Self::CniRunInFlight { pid: Some(pid) } => write!(f, "a CNI plugin of its container is running (pid {pid})"),
+            Self::CniRunInFlight { pid: None } => f.write_str("a CNI run of its container is in flight"),
+            Self::Unavailable { error } => write!(f, "the kernel could not be asked: {error}"),
+        }
+    }
+}
+
+/// Tests and tools that must not ask the kernel.
+pub struct NoLook;
+
+impl LastLook for NoLook {
+    fn before_unlink(&mut self, _: &Reservation) -> Result<(), LookFound> {
+        Ok(())
+    }
+}
+
+/// Where the kernel's answers come from.
+pub struct KernelLook {
+    /// nsids of every netns the model knows alive.
+    known_nsids: Vec<i32>,
+    /// Their inodes (a process netns outside them is looked at too).
+    known_inodes: HashSet<u64>,
+    /// Containers the ledger has a CNI run in flight for.
+    ledger_in_flight: HashSet<String>,
+    cni_bin_dirs: Vec<PathBuf>,
+    proc_root: PathBuf,
+    gathered: Option<Result<Gathered, String>>,
+}
+
+struct Gathered {
+    /// IP -> where it is configured.
+    ips: HashMap<IpAddr, Vec<String>>,
+    /// CNI_CONTAINERID of running plugin processes -> pid.
+    running: HashMap<String, u32>,
+}
+
+/// Default CNI plugin directories.
+pub const DEFAULT_CNI_BIN_DIRS: [&str; 3] = ["/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni"];
+
+impl KernelLook {
+    #[must_use]
+    pub fn new(
+        known_nsids: Vec<i32>,
+        known_inodes: HashSet<u64>,
+        ledger_in_flight: HashSet<String>,
+        cni_bin_dirs: Vec<PathBuf>,
+    ) -> Self {
+        Self {
+            known_nsids,
+            known_inodes,
+            ledger_in_flight,
+            cni_bin_dirs,
+            proc_root: PathBuf::from("/proc"),
+            gathered: None,
+        }
+    }
+
+    fn gather(&self) -> Result<Gathered, String> {
+        let mut q = Querier::open().map_err(|e| e.to_string())?;
+        let mut ips: HashMap<IpAddr, Vec<String>> = HashMap::new();
+        let mut add = |list: Vec<IpAddr>, place: String| {
+            for ip in list {
+                ips.entry(ip).or_default().push(place.clone());
+            }
+        };
+        // netreap's own netns (the host's, with hostNetwork).
+        let own = q.addresses(None).map_err(|e| e.to_string())?.ok_or("own address dump refused")?;
+        add(own, "the host netns".into());
+        let mut seen_nsids: HashSet<i32> = HashSet::new();
+        // The model's netns, and any the kernel lists that it does not know
+        // (known only by nsid, e.g. not openable from here).
+        let listed = q.nsids().unwrap_or_default();
+        let mut nsids = self.known_nsids.clone();
+        nsids.extend(listed.into_iter().filter(|n| !self.known_nsids.contains(n)));
+        for nsid in nsids {
+            // A refused dump: the nsid is gone, so is its netns.
+            if let Some(list) = q.addresses(Some(nsid)).map_err(|e| e.to_string())? {
+                add(list, format!("netns nsid {nsid}"));
+            }
+            seen_nsids.insert(nsid);
+        }
+        // Netns of processes the model does not know yet.
+        let mut running = HashMap::new();
+        let mut looked: HashSet<u64> = HashSet::new();
+        for (pid, inode, exe) in processes(&self.proc_root) {
+            if !self.known_inodes.contains(&inode) && looked.insert(inode) {
+                let path = self.proc_root.join(pid.to_string()).join("ns/net");
+                if let Ok(fd) = fs::File::open(&path)
+                    && let Ok(Some(nsid)) = q.nsid_of(fd.as_raw_fd(), true)
+                    && seen_nsids.insert(nsid)
+                    && let Ok(Some(list)) = q.addresses(Some(nsid))
+                {
+                    add(list, format!("netns net:[{inode}] nsid {nsid} of pid {pid}"));
+                }
+            }
+            if exe.as_deref().is_some_and(|e| self.cni_bin_dirs.iter().any(|d| e.starts_with(d)))
+                && let Some(cid) = container_id_of(&self.proc_root, pid)
+            {
+                running.insert(cid, pid);
+            }
+        }
+        Ok(Gathered { ips, running })
+    }
+}
+
+/// (pid, netns inode, exe) of every process.
+fn processes(proc_root: &Path) -> Vec<(u32, u64, Option<PathBuf>)> {
+    let Ok(entries) = fs::read_dir(proc_root) else { return Vec::new() };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let dir = proc_root.join(pid.to_string());
+            let inode = fs::metadata(dir.join("ns/net")).ok()?.ino();
+            Some((pid, inode, fs::read_link(dir.join("exe")).ok()))
+        })
+        .collect()
+}
+
+/// `CNI_CONTAINERID` from a process's environment.
+fn container_id_of(proc_root: &Path, pid: u32) -> Option<String> {
+    let env = fs::read(proc_root.join(pid.to_string()).join("environ")).ok()?;
+    env.split(|b| *b == 0)
+        .find_map(|kv| kv.strip_prefix(b"CNI_CONTAINERID="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+impl Default for KernelLook {
+    /// Without a model: every process netns, and the host's, are asked.
+    fn default() -> Self {
+        Self::new(Vec::new(), HashSet::new(), HashSet::new(), DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect())
+    }
+}
+
+impl LastLook for KernelLook {
+    fn before_unlink(&mut self, r: &Reservation) -> Result<(), LookFound> {
+        if self.gathered.is_none() {
+            self.gathered = Some(self.gather());
+        }
+        let gathered = match self.gathered.as_ref() {
+            Some(Ok(g)) => g,
+            Some(Err(error)) => return Err(LookFound::Unavailable { error: error.clone() }),
+            None => return Err(LookFound::Unavailable { error: "not gathered".into() }),
+        };
+        if let Some(places) = gathered.ips.get(&r.ip) {
+            return Err(LookFound::IpConfigured { netns: places.clone() });
+        }
+        if let Some(&pid) = gathered.running.get(&r.container_id) {
+            return Err(LookFound::CniRunInFlight { pid: Some(pid) });
+        }
+        if self.ledger_in_flight.contains(&r.container_id) {
+            return Err(LookFound::CniRunInFlight { pid: None });
+        }
+        Ok(())
+    }
+}
