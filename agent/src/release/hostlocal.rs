@@ -130,11 +130,11 @@ pub(crate) fn release(
     let outcome = {
         let _guard = match FlockGuard::lock_exclusive_timeout(lock, lock_timeout) {
             Ok(Ok(guard)) => guard,
-            Ok(Err(lock)) => {
+            Ok(Err(busy_lock)) => {
                 return Outcome::LockBusy {
                     lock: t.network_dir.join(LOCK_FILE),
                     waited_ms: lock_timeout.as_millis() as u64,
-                    holders: FlockGuard::holders(&lock),
+                    holders: FlockGuard::holders(&busy_lock),
                 };
             }
             Err(e) => return Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
