@@ -83,6 +83,11 @@ pub struct Config {
     /// The mount table where netns bind mounts are discovered. In a
     /// container with hostPID, the host's is `/proc/1/mountinfo`.
     pub mountinfo: PathBuf,
+    /// The container runtime's CRI socket (optional evidence). Unset: the
+    /// first of /run/containerd/containerd.sock, /var/run/crio/crio.sock
+    /// that exists; "none": do not ask the runtime.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cri_socket: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -106,6 +111,7 @@ impl Default for Config {
             resync_interval: Duration::from_secs(30),
             log: "info".to_owned(),
             mountinfo: PathBuf::from("/proc/self/mountinfo"),
+            cri_socket: None,
         }
     }
 }
@@ -210,7 +216,18 @@ const KEYS: &[(&str, &str, &str)] = &[
          container with hostPID, use the host's: \"/proc/1/mountinfo\".",
         "NETREAP_MOUNTINFO, --mountinfo",
     ),
+    (
+        "cri_socket",
+        "The container runtime's CRI socket: its sandbox list is a second witness\n\
+         (a reason to keep; with the kernel's word, evidence to release). Unset: the\n\
+         first of /run/containerd/containerd.sock, /var/run/crio/crio.sock that exists\n\
+         (looked for again until one appears); \"none\": do not ask the runtime.",
+        "NETREAP_CRI_SOCKET, --cri-socket",
+    ),
 ];
+
+/// Example shown (commented out) for `cri_socket`.
+const CRI_SOCKET_EXAMPLE: &str = "cri_socket = \"/run/containerd/containerd.sock\"";
 
 /// Example shown (commented out) for keys whose default is "unset".
 const NODE_NAME_EXAMPLE: &str = "node_name = \"worker-1\"";
@@ -336,6 +353,12 @@ impl Config {
                 format!("{} is below the minimum of 1s", humantime::format_duration(self.resync_interval)),
             );
         }
+        if let Some(socket) = &self.cri_socket
+            && !socket.is_absolute()
+            && socket.as_os_str() != crate::runtime::socket::OFF
+        {
+            return invalid("cri_socket", format!("{} is neither an absolute path nor \"none\"", socket.display()));
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::builder().parse(&self.log) {
             return invalid("log", format!("{:?}: {e}", self.log));
         }
@@ -364,6 +387,9 @@ impl Config {
                 }
                 None if *key == "node_name" => {
                     let _ = writeln!(out, "# {NODE_NAME_EXAMPLE}");
+                }
+                None if *key == "cri_socket" => {
+                    let _ = writeln!(out, "# {CRI_SOCKET_EXAMPLE}");
                 }
                 None => {}
             }
@@ -470,6 +496,9 @@ pub struct ConfigFlags {
     /// Mount table for netns discovery (the host's: `/proc/1/mountinfo`).
     #[arg(long, env = "NETREAP_MOUNTINFO", value_name = "FILE")]
     pub mountinfo: Option<PathBuf>,
+    /// CRI socket of the container runtime (`none`: do not ask it).
+    #[arg(long, env = "NETREAP_CRI_SOCKET", value_name = "PATH")]
+    pub cri_socket: Option<PathBuf>,
 }
 
 impl ConfigFlags {
@@ -499,6 +528,9 @@ impl ConfigFlags {
         set(&mut config.resync_interval, self.resync_interval.as_ref());
         set(&mut config.log, self.log.as_ref());
         set(&mut config.mountinfo, self.mountinfo.as_ref());
+        if let Some(socket) = &self.cri_socket {
+            config.cri_socket = Some(socket.clone());
+        }
     }
 }
 
@@ -623,7 +655,7 @@ mod tests {
 
     #[test]
     fn every_field_is_documented_in_order() {
-        let full = Config { node_name: Some("n".into()), ..Config::default() };
+        let full = Config { node_name: Some("n".into()), cri_socket: Some("/s.sock".into()), ..Config::default() };
         let fields: Vec<String> = toml::Table::try_from(&full).expect("valid in this test").keys().cloned().collect();
         let documented: Vec<&str> = KEYS.iter().map(|(k, _, _)| *k).collect();
         let mut sorted = documented.clone();

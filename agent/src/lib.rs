@@ -25,4 +25,6 @@ pub mod ledger;
 pub mod model;
 pub mod netlink;
 pub mod release;
+pub mod runtime;
+pub mod sources;
 pub mod telemetry;

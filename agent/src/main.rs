@@ -43,6 +43,9 @@ enum Command {
     /// A self-contained demo on real namespaces and Debian's CNI plugins: leaks
     /// made like containerd #12130, released by the real agent as the netns die.
     Demo(cli::demo::DemoArgs),
+    /// Every source of evidence (kernel probes, netlink, IPAM stores, CNI
+    /// cache, container runtime, Kubernetes API): active or not, and why.
+    Sources(cli::sources::SourcesArgs),
     /// Print the default configuration (`--print-default`) or check a file (`--check FILE`).
     Config(cli::config::ConfigArgs),
 }
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cli::run::main(&args),
         Command::Probes(args) => cli::probes::main(&args),
+        Command::Sources(args) => cli::sources::main(&args),
         Command::Netns(args) => cli::netns::main(&args),
         Command::Config(args) => cli::config::main(&args),
         Command::Scan(args) => cli::scan::main(&args),

@@ -1,5 +1,8 @@
-//! System packages the tests and the demo use: iproute2 (`ip`), util-linux
-//! (`unshare`, `nsenter`), Debian's real CNI plugins and promtool (`prometheus`).
+//! System packages the build, the tests and the demo use: iproute2 (`ip`),
+//! util-linux (`unshare`, `nsenter`, `flock`), Debian's real CNI plugins,
+//! protoc (the CRI protos are compiled at build time), promtool
+//! (`prometheus`), and for the CRI tests the real containerd with runc, gcc
+//! (a static pause binary) and python3 (a test CNI plugin).
 
 use std::{path::Path, process::Command};
 
@@ -12,6 +15,13 @@ const PACKAGES: &[(&str, &str)] = &[
     ("/usr/sbin/ip", "iproute2"),
     ("/usr/bin/unshare", "util-linux"),
     ("/usr/bin/nsenter", "util-linux"),
+    ("/usr/bin/protoc", "protobuf-compiler"),
+    ("/usr/bin/containerd", "containerd"),
+    ("/usr/bin/ctr", "containerd"),
+    ("/usr/sbin/runc", "runc"),
+    ("/usr/bin/gcc", "gcc"),
+    ("/usr/lib/x86_64-linux-gnu/libc.a", "libc6-dev"),
+    ("/usr/bin/python3", "python3"),
     // promtool checks /metrics (agent/tests/http.rs).
     ("/usr/bin/promtool", "prometheus"),
 ];
@@ -21,7 +31,13 @@ const PACKAGES: &[(&str, &str)] = &[
 /// run OCI images (podman; runc, because crun refuses this kind of host's
 /// hybrid cgroups).
 pub const IMAGE_PACKAGES: &[(&str, &str)] =
-    &[("/usr/bin/mmdebstrap", "mmdebstrap"), ("/usr/bin/podman", "podman"), ("/usr/sbin/runc", "runc")];
+    &[
+        ("/usr/bin/mmdebstrap", "mmdebstrap"),
+        ("/usr/bin/podman", "podman"),
+        ("/usr/sbin/runc", "runc"),
+        // The release build compiles the CRI protos.
+        ("/usr/bin/protoc", "protobuf-compiler"),
+    ];
 
 /// Installs the missing packages the tests need with apt-get (root, Debian).
 pub fn ensure_packages() -> Result<(), BuildError> {

@@ -41,7 +41,8 @@ pub fn main(args: &AttachmentsArgs) -> anyhow::Result<()> {
             config.metrics_addr
         )
     })?;
-    let attachments = state.get("attachments").cloned().unwrap_or(Value::Array(Vec::new()));
+    let mut attachments = state.get("attachments").cloned().unwrap_or(Value::Array(Vec::new()));
+    name_pods(&mut attachments, &state["runtime"]);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&attachments)?);
         return Ok(());
@@ -51,8 +52,9 @@ pub fn main(args: &AttachmentsArgs) -> anyhow::Result<()> {
         println!("no CNI operation seen since the agent started");
     }
     for a in &list {
+        let pod = a["pod"].as_str().map_or_else(String::new, |p| format!("  pod {p}"));
         println!(
-            "{}  netns {} (inode {})  ifnames {}",
+            "{}{pod}  netns {} (inode {})  ifnames {}",
             a["container_id"].as_str().unwrap_or("?"),
             a["netns_path"].as_str().unwrap_or("-"),
             a["netns_inode"].as_u64().map_or_else(|| "?".to_owned(), |i| i.to_string()),
@@ -75,4 +77,40 @@ pub fn main(args: &AttachmentsArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Adds `pod` ("namespace/name") to each attachment whose container the
+/// runtime names (its current sandboxes, or those it listed before).
+fn name_pods(attachments: &mut Value, runtime: &Value) {
+    let pod_of = |id: &str| {
+        let pod = runtime["sandboxes"][id].get("pod").or_else(|| runtime["departed"].get(id))?;
+        Some(format!("{}/{}", pod["namespace"].as_str()?, pod["name"].as_str()?))
+    };
+    for a in attachments.as_array_mut().into_iter().flatten() {
+        let Some(pod) = a["container_id"].as_str().and_then(pod_of) else { continue };
+        if let Value::Object(m) = a {
+            m.insert("pod".into(), Value::String(pod));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn attachments_name_the_pods_the_runtime_knows() {
+        let mut attachments = json!([{ "container_id": "c1" }, { "container_id": "c2" }, { "container_id": "c3" }]);
+        let runtime = json!({
+            "sandboxes": { "c1": { "id": "c1", "state": "READY", "pod": { "namespace": "ns", "name": "web" } } },
+            "departed": { "c2": { "namespace": "ns", "name": "old" } }
+        });
+        name_pods(&mut attachments, &runtime);
+        assert_eq!(attachments[0]["pod"], "ns/web");
+        assert_eq!(attachments[1]["pod"], "ns/old");
+        assert!(attachments[2].get("pod").is_none());
+        name_pods(&mut attachments, &Value::Null);
+    }
 }

@@ -8,3 +8,4 @@ pub mod probes;
 pub mod release;
 pub mod run;
 pub mod scan;
+pub mod sources;

@@ -100,16 +100,19 @@ impl Life {
 
 /// The incarnations that may have held `inode` at `at`. None known: the
 /// inode alone (it then matches any holder, which keeps).
-pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, at: SystemTime) -> Vec<NetnsId> {
+/// With `nsid` (resolved with the inode at the CNI run), only incarnations
+/// that agree with it; it also finds a netns the model knew only by nsid.
+pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
+    let resolved = NetnsId::new(Some(inode), nsid, None);
     let ids: Vec<NetnsId> = snapshot
         .netns
         .iter()
-        .filter(|v| v.inode.map(u64::from) == Some(inode))
+        .filter(|v| v.id().may_be(&resolved))
         .map(Life::of)
         .filter(|l| l.held_inode_at(at))
         .map(|l| l.id)
         .collect();
-    if ids.is_empty() { vec![NetnsId::inode(inode)] } else { ids }
+    if ids.is_empty() { vec![resolved] } else { ids }
 }
 
 /// The containers a netns that just died was bound to (for its death event).
@@ -157,7 +160,7 @@ pub fn observations(
         let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
         let netns: Vec<NetnsRef> = match (a.pinned, a.netns_inode, &a.netns_path) {
             (Some(id), _, _) => vec![NetnsRef::Id(id)],
-            (None, Some(inode), _) => incarnations_at(snapshot, inode, bound_at).into_iter().map(NetnsRef::Id).collect(),
+            (None, Some(inode), _) => incarnations_at(snapshot, inode, a.netns_nsid, bound_at).into_iter().map(NetnsRef::Id).collect(),
             (None, None, Some(path)) => vec![NetnsRef::Path(PathBuf::from(path))],
             (None, None, None) => Vec::new(),
         };
@@ -202,12 +205,12 @@ fn add_cache_bindings(
         let Some(path) = entry.netns.as_deref() else { continue };
         let resolved = ledger.get(&entry.container_id).and_then(|a| {
             let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
-            a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned))
+            a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
         });
         let refs: Vec<(NetnsRef, SystemTime)> = match resolved {
-            Some(((_, bound_at), Some(pinned))) => vec![(NetnsRef::Id(pinned), bound_at)],
-            Some(((inode, bound_at), None)) => {
-                incarnations_at(snapshot, inode, bound_at).into_iter().map(|id| (NetnsRef::Id(id), bound_at)).collect()
+            Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsRef::Id(pinned), bound_at)],
+            Some(((inode, bound_at), None, nsid)) => {
+                incarnations_at(snapshot, inode, nsid, bound_at).into_iter().map(|id| (NetnsRef::Id(id), bound_at)).collect()
             }
             None => {
                 let seen = first_seen
@@ -433,5 +436,45 @@ mod tests {
         let r = reservation_of_c1(t(20));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
         assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+    }
+
+    /// Under load the model may never open a short-lived netns: it knows it
+    /// only by the nsid its veth gave it, and sees it die by that nsid. The
+    /// CNI run resolved both inode and nsid, so the binding names the dead
+    /// netns and the leak goes at once (no orphan grace).
+    #[test]
+    fn a_binding_with_its_nsid_finds_a_netns_the_model_knew_only_by_nsid() {
+        struct InodeNsid;
+        impl NetnsResolver for InodeNsid {
+            fn inode_of(&self, _: &str, _: Option<u32>) -> Option<u64> {
+                Some(77)
+            }
+            fn nsid_of(&self, _: &str, _: Option<u32>, _: u32) -> Option<i32> {
+                Some(1)
+            }
+        }
+        let mut ledger = Ledger::new();
+        let task = |k: u64| Task { ktime_ns: k, pid: 9, tgid: 9, comm: "bridge".into(), cgroup_id: 1 };
+        let exec = KernelEvent::CniExec {
+            task: task(10),
+            exec: CniExec {
+                binary: v("/usr/lib/cni/bridge"),
+                command: v("ADD"),
+                container_id: Some(v("c1")),
+                netns: Some(v("/run/netns/x")),
+                ifname: Some(v("eth0")),
+                env_scan_limited: false,
+            },
+        };
+        ledger.observe(&exec, t, &InodeNsid);
+        ledger.observe(&KernelEvent::CniExit { task: task(11), exit: CniExit::from_wait_status(256) }, t, &InodeNsid);
+        let mut gone = view(0, 1, 10, Some(12), Some("10.0.0.2"));
+        gone.inode = None;
+        let snapshot =
+            ModelSnapshot { taken_at: t(13), netns: vec![gone], host_routes: Vec::new(), stats: ModelStats::default() };
+        let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
+        let r = reservation_of_c1(t(10));
+        let verdict = decide_one(&obs, &r, t(13), &crate::engine::Policy::default());
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
     }
 }

@@ -7,6 +7,7 @@ pub mod evidence;
 pub mod oneshot;
 pub mod restore;
 mod report;
+mod runtime;
 
 use std::{
     collections::HashMap,
@@ -57,6 +58,7 @@ struct StateDoc {
     model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
     attachments: Arc<Vec<crate::ledger::Attachment>>,
     verdicts: Arc<Vec<Verdict>>,
+    runtime: Option<crate::engine::RuntimeView>,
 }
 
 impl StateDoc {
@@ -66,6 +68,7 @@ impl StateDoc {
             "model": self.model.as_deref(),
             "attachments": *self.attachments,
             "verdicts": *self.verdicts,
+            "runtime": self.runtime,
         })
     }
 }
@@ -106,12 +109,16 @@ struct Agent {
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
+    /// The container runtime as a witness (daemon/runtime.rs).
+    runtime: runtime::RuntimeSource,
 }
 
 /// A release batch that ran on the blocking pool, with the releaser back.
 struct ReleaseDone {
     releaser: Releaser,
     admitted: Vec<Verdict>,
+    /// The runtime's pod of each admitted container, when it names one.
+    pods: HashMap<String, crate::engine::PodRef>,
     result: Result<Vec<ReleaseRecord>, ReleaseError>,
 }
 
@@ -199,10 +206,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         anomalies: std::collections::HashSet::new(),
         attachments_dirty: false,
         memory: Memory::default(),
-        resolver: StatResolver {
-            host_root: crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo),
-        },
+        resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
         state,
+        runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
         config,
     };
 
@@ -212,7 +218,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     endpoint.readiness.mark_ready();
     info!(dry_run = agent.config.dry_run, "netreap ready");
 
-    agent.event_loop(&mut kernel, &mut deaths, &mut release_results).await?;
+    let mut runtime_events = agent.runtime.follow_events();
+    agent.event_loop(&mut kernel, &mut deaths, &mut runtime_events, &mut release_results).await?;
 
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
@@ -362,6 +369,7 @@ impl Agent {
         &mut self,
         kernel: &mut KernelStream,
         deaths: &mut tokio::sync::mpsc::Receiver<NetnsDeath>,
+        runtime_events: &mut tokio::sync::mpsc::Receiver<()>,
         release_results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>,
     ) -> anyhow::Result<()> {
         use anyhow::Context as _;
@@ -416,6 +424,10 @@ impl Agent {
                     self.reconcile("netns_died").await?;
                     cni_reconcile_at = None;
                 }
+                Some(()) = runtime_events.recv() => {
+                    while runtime_events.try_recv().is_ok() {}
+                    self.reconcile("runtime_event").await?;
+                }
                 _ = resync.tick() => self.reconcile("interval").await?,
                 _ = recheck.tick(), if self.waiting_for_grace() => self.reconcile("grace").await?,
                 _ = housekeeping.tick() => self.housekeeping(kernel).await?,
@@ -435,15 +447,18 @@ impl Agent {
         self.arm_last_look();
         let Some(mut releaser) = self.releaser.take() else { return Ok(()) };
         // Lock waits and fsyncs: on the blocking pool, so /healthz answers.
+        let obs = Arc::new(obs);
+        let seen = Arc::clone(&obs);
         let (releaser, records) = tokio::task::spawn_blocking(move || {
-            let records = releaser.recover(|r| decide_one(&obs, r, now, &policy));
+            let records = releaser.recover(|r| decide_one(&seen, r, now, &policy));
             (releaser, records)
         })
         .await?;
         self.releaser = Some(releaser);
         let records = records?;
         for record in &records {
-            self.emit_release(record, "recovery", None)?;
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.emit_release(record, "recovery", None, pod)?;
         }
         Ok(())
     }
@@ -466,6 +481,8 @@ impl Agent {
             Some(&self.cache_first_seen),
         );
         let mut obs = obs;
+        let view = self.runtime.view(&mut self.events, &self.metrics).await?;
+        obs.set_runtime(view);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         self.metrics.set_netns_alive(snapshot.alive().count() as u64);
@@ -585,12 +602,14 @@ impl Agent {
         self.report_anomalies(&scan.anomalies)?;
         let now = SystemTime::now();
         let verdicts = decide(&obs, &scan.reservations, now, &self.policy);
-        self.report_changes(&verdicts)?;
-        self.start_release(&verdicts);
+        self.report_changes(&verdicts, &obs)?;
+        self.start_release(&verdicts, &obs);
+        self.runtime.report_stuck(&obs, &mut self.events, &self.metrics)?;
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
         let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
             s.verdicts = Arc::new(verdicts);
+            s.runtime = obs.runtime;
         }
         self.publish_attachments();
         tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
@@ -601,7 +620,7 @@ impl Agent {
     /// blocking pool (flock waits and fsyncs stay off the event thread); its
     /// records come back through `release_done`. One batch at a time: while
     /// one runs, orphans wait for the reconcile that follows it.
-    fn start_release(&mut self, verdicts: &[Verdict]) {
+    fn start_release(&mut self, verdicts: &[Verdict], obs: &crate::engine::Observations) {
         if self.releaser.is_none() {
             self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
             return;
@@ -612,6 +631,14 @@ impl Agent {
         }
         self.arm_last_look();
         let Some(mut releaser) = self.releaser.take() else { return };
+        // The runtime's names of the pods, for the release events.
+        let pods: HashMap<String, crate::engine::PodRef> = admitted
+            .iter()
+            .filter_map(|v| {
+                let id = &v.reservation.container_id;
+                runtime::pod_of(obs, id).map(|p| (id.clone(), p.clone()))
+            })
+            .collect();
         // The releaser acts on every orphan it is given and reads the
         // others only as context (which IPs an attachment still holds), so
         // orphans the gate holds back go in as context, marked pending.
@@ -631,14 +658,14 @@ impl Agent {
             let result = releaser.release_orphaned(&batch);
             // The receiver lives as long as the event loop; if it is gone
             // the agent is stopping and the journal already holds the truth.
-            let _ = done.blocking_send(ReleaseDone { releaser, admitted, result });
+            let _ = done.blocking_send(ReleaseDone { releaser, admitted, pods, result });
         });
     }
 
     /// Takes a finished batch back: reports its records, updates the retry
     /// gate. Returns whether orphans waited for it (reconcile again).
     fn on_release_done(&mut self, done: ReleaseDone) -> anyhow::Result<bool> {
-        let ReleaseDone { releaser, admitted, result } = done;
+        let ReleaseDone { releaser, admitted, pods, result } = done;
         self.releaser = Some(releaser);
         let records = match result {
             Ok(records) => records,
@@ -650,7 +677,8 @@ impl Agent {
         self.gate.settle(&admitted, &records, std::time::Instant::now());
         for record in &records {
             let died_at = report::death_time(&record.verdict);
-            self.emit_release(record, report::release_reason(&record.verdict), died_at)?;
+            let pod = pods.get(&record.verdict.reservation.container_id);
+            self.emit_release(record, report::release_reason(&record.verdict), died_at, pod)?;
         }
         Ok(std::mem::take(&mut self.release_waiting))
     }
@@ -685,17 +713,18 @@ impl Agent {
         Ok(())
     }
 
-    fn report_changes(&mut self, verdicts: &[Verdict]) -> anyhow::Result<()> {
+    fn report_changes(&mut self, verdicts: &[Verdict], obs: &crate::engine::Observations) -> anyhow::Result<()> {
         let mut seen = HashMap::with_capacity(verdicts.len());
         for v in verdicts {
             let key = v.reservation.path.clone();
             let before = self.verdicts.get(&key).copied();
             if before != Some(v.status) {
-                self.events.emit(SystemTime::now(), "verdict_changed", &report::verdict_changed(v, before))?;
+                let pod = runtime::pod_of(obs, &v.reservation.container_id);
+                self.events.emit(SystemTime::now(), "verdict_changed", &report::with_pod(report::verdict_changed(v, before), pod))?;
                 if v.status == Status::Conflict {
                     self.metrics.conflict();
                     warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
-                    self.events.emit(SystemTime::now(), "conflict", &report::conflict(v))?;
+                    self.events.emit(SystemTime::now(), "conflict", &report::with_pod(report::conflict(v), pod))?;
                 }
             }
             seen.insert(key, v.status);
@@ -725,7 +754,13 @@ impl Agent {
         }
     }
 
-    fn emit_release(&mut self, record: &ReleaseRecord, reason: &str, died_at: Option<SystemTime>) -> anyhow::Result<()> {
+    fn emit_release(
+        &mut self,
+        record: &ReleaseRecord,
+        reason: &str,
+        died_at: Option<SystemTime>,
+        pod: Option<&crate::engine::PodRef>,
+    ) -> anyhow::Result<()> {
         let now = SystemTime::now();
         let latency = died_at.and_then(|d| now.duration_since(d).ok());
         let outcome = report::outcome_label(&record.outcome);
@@ -735,12 +770,13 @@ impl Agent {
                 self.metrics.observe_death_to_release(latency);
             }
         let r = &record.verdict.reservation;
+        let pod_name = pod.map(ToString::to_string);
         if matches!(record.outcome, crate::release::Outcome::LockBusy { .. }) {
-            warn!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
+            warn!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
         } else {
-            info!(ip = %r.ip, network = %r.network, container = %r.container_id, reason, "release: {}", record.outcome);
+            info!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
         }
-        self.events.emit(now, "release", &report::release(record, reason, latency))?;
+        self.events.emit(now, "release", &report::with_pod(report::release(record, reason, latency), pod))?;
         if let crate::release::Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
             // The model said no live netns holds the IP; the kernel, asked
             // under the lock, said one does: both views, one event.

@@ -38,7 +38,16 @@ pub async fn observe(config: &Config) -> anyhow::Result<Observations> {
     let snapshot = watcher.snapshot().await?;
     watcher.stop().await?;
     let cache = CniCache::new(config.cni_cache_dir.clone()).scan();
-    Ok(evidence::observations(&snapshot, &Ledger::new(), &cache.attachments, None, None))
+    let mut obs = evidence::observations(&snapshot, &Ledger::new(), &cache.attachments, None, None);
+    // Optional: without it the report says "runtime unavailable".
+    let mut runtime = crate::runtime::RuntimeWitness::new(config.cri_socket.clone());
+    if !runtime.is_off() {
+        match runtime.view().await {
+            Ok(view) => obs.set_runtime(Some(view)),
+            Err(e) => tracing::info!("container runtime not used: {e}"),
+        }
+    }
+    Ok(obs)
 }
 
 /// Blocking wrapper for CLI commands.

@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, time::{Duration, SystemTime}};
 use serde_json::{Value, json};
 
 use crate::{
-    engine::{Fact, Status, Verdict},
+    engine::{Fact, PodRef, Status, Verdict, runtime::RuntimeFact},
     release::{ReleaseRecord, outcome::Outcome},
 };
 
@@ -44,7 +44,26 @@ pub fn death_time(v: &Verdict) -> Option<SystemTime> {
 }
 
 pub fn release_reason(v: &Verdict) -> &'static str {
-    if death_time(v).is_some() { "netns_died" } else { "orphan_grace" }
+    let runtime_gone = || v.evidence.iter().any(|e| matches!(e.fact, Fact::Runtime(RuntimeFact::GoneWithItsNetns)));
+    if death_time(v).is_some() {
+        "netns_died"
+    } else if runtime_gone() {
+        "runtime_gone"
+    } else {
+        "orphan_grace"
+    }
+}
+
+/// Names the pod (namespace/name) in an event payload, when the runtime
+/// knows it.
+pub fn with_pod(mut payload: Value, pod: Option<&PodRef>) -> Value {
+    if let (Some(pod), Value::Object(m)) = (pod, &mut payload) {
+        m.insert("pod".into(), json!(pod.to_string()));
+        if !pod.uid.is_empty() {
+            m.insert("pod_uid".into(), json!(pod.uid));
+        }
+    }
+    payload
 }
 
 fn evidence_text(v: &Verdict) -> Vec<String> {

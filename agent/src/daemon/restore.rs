@@ -24,7 +24,7 @@ fn incarnation(snapshot: &ModelSnapshot, known_dead: &[DeadNetns], a: &Attachmen
         (Some(id), _) => snapshot.netns.iter().filter(|v| v.id().may_be(&id)).collect(),
         (None, Some(inode)) => {
             let at = a.netns_bound_at.unwrap_or(a.first_seen);
-            let ids = super::evidence::incarnations_at(snapshot, inode, at);
+            let ids = super::evidence::incarnations_at(snapshot, inode, a.netns_nsid, at);
             snapshot.netns.iter().filter(|v| ids.iter().any(|id| v.id() == *id)).collect()
         }
         (None, None) => return None,
@@ -178,6 +178,7 @@ mod tests {
                 container_id: "c1".into(),
                 netns_path: Some("/run/netns/a".into()),
                 netns_inode: Some(inode),
+                netns_nsid: None,
                 netns_bound_at: Some(t(1)),
                 pinned: None,
                 ifnames: Vec::new(),

@@ -133,9 +133,7 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
             started_at: op.started_at,
         });
     }
-    if ix.runtime_lists(cid) == Some(true) {
-        in_use.push(Fact::RuntimeListsSandbox);
-    }
+    in_use.extend(super::runtime::keep_facts(ix, cid));
     for pod in ix.pods_with(r.ip) {
         in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
     }
@@ -156,7 +154,10 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
         && unresolved
             .iter()
             .all(|(_, seen_at)| now.duration_since(*seen_at).unwrap_or(Duration::ZERO) >= policy.orphan_grace);
-    let owner_dead = pending.is_empty() && (died || past_grace);
+    // The runtime's word on a sandbox it is done with, with the kernel's
+    // (nothing above kept it), stands in for the orphan grace.
+    let runtime_gone = if died || past_grace { None } else { super::runtime::says_gone(ix, r) };
+    let owner_dead = pending.is_empty() && (died || past_grace || runtime_gone.is_some());
 
     if !ip_elsewhere.is_empty() {
         // The address lives in a netns not known to be the owner's. With the
@@ -165,6 +166,7 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
         let conflict = owner_dead && (died || ip_with_another_container);
         let mut facts = ip_elsewhere;
         if conflict {
+            facts.extend(runtime_gone.unwrap_or_default());
             facts.extend(death_facts(died, dead, unresolved, age, policy));
             return Verdict::new(r, Status::Conflict, facts);
         }
@@ -186,13 +188,13 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
         return Verdict::new(r, Status::Pending, facts);
     }
 
-    let mut facts = death_facts(died, dead, unresolved, age, policy);
+    let mut facts = match runtime_gone {
+        Some(gone) => gone.into_iter().chain(unresolved.into_iter().map(|(f, _)| f)).chain(dead).collect(),
+        None => death_facts(died, dead, unresolved, age, policy),
+    };
     facts.push(Fact::IpInNoLiveNetns);
     facts.push(Fact::NoCniOpInFlight);
-    match &obs.runtime_sandboxes {
-        Some(_) => facts.push(Fact::RuntimeDoesNotListSandbox),
-        None => facts.push(Fact::SourceUnavailable { source: "runtime sandbox list".into() }),
-    }
+    facts.extend(super::runtime::release_facts(ix, r));
     if obs.api_pods.is_none() {
         facts.push(Fact::SourceUnavailable { source: "Kubernetes API pod list".into() });
     }

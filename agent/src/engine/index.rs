@@ -104,18 +104,23 @@ impl<'a> Index<'a> {
         ix
     }
 
-    /// Candidates for an identity: by inode when it has one, else by nsid.
+    /// Candidates for an identity, by inode and by nsid, in observation
+    /// order (a netns known only by nsid is found through its nsid).
     fn by_id<'m>(
         by_inode: &'m HashMap<u64, Vec<usize>>,
         by_nsid: &'m HashMap<i32, Vec<usize>>,
         id: &NetnsId,
     ) -> impl Iterator<Item = &'m usize> + 'm {
-        let bucket = match (id.inode, id.nsid) {
-            (Some(inode), _) => by_inode.get(&inode),
-            (None, Some(nsid)) => by_nsid.get(&nsid),
-            (None, None) => None,
-        };
-        bucket.into_iter().flatten()
+        let mut found: Vec<&usize> = id
+            .inode
+            .and_then(|i| by_inode.get(&i))
+            .into_iter()
+            .flatten()
+            .chain(id.nsid.and_then(|n| by_nsid.get(&n)).into_iter().flatten())
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found.into_iter()
     }
 
     /// Live netns a reference may name (first in observation order).

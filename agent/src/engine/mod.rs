@@ -7,6 +7,7 @@ pub mod index;
 pub mod observations;
 pub mod policy;
 pub mod report;
+pub mod runtime;
 pub mod verdict;
 
 #[cfg(test)]
@@ -16,4 +17,5 @@ pub use decide::{decide, decide_one};
 pub use observations::{ApiPod, Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations};
 pub use policy::{DEFAULT_IN_FLIGHT_GRACE, DEFAULT_ORPHAN_GRACE, Policy};
 pub use report::{NetworkTotals, ScanReport, Sources};
+pub use runtime::{PodRef, RuntimeSandbox, RuntimeView, SandboxState, StuckSandbox};
 pub use verdict::{Evidence, Fact, Status, Verdict, Via};

@@ -160,6 +160,10 @@ pub struct Observations {
     pub cni_ops: Vec<CniOp>,
     /// Sandbox IDs the CRI runtime lists as live.
     pub runtime_sandboxes: Option<Vec<String>>,
+    /// The runtime's sandbox list in detail (engine/runtime.rs); set with
+    /// `set_runtime`, which keeps `runtime_sandboxes` in step.
+    #[serde(default)]
+    pub runtime: Option<super::runtime::RuntimeView>,
     pub api_pods: Option<Vec<ApiPod>>,
     /// Since when the kernel probes have recorded every CNI plugin run
     /// without a gap (attach time, or the last ring-buffer loss). A

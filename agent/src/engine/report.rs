@@ -50,6 +50,9 @@ pub struct ScanReport {
     pub totals: Vec<NetworkTotals>,
     pub verdicts: Vec<Verdict>,
     pub anomalies: Vec<Anomaly>,
+    /// NOTREADY sandboxes whose netns is alive (engine/runtime.rs).
+    #[serde(default)]
+    pub stuck_sandboxes: Vec<super::runtime::StuckSandbox>,
 }
 
 /// The totals of one (store, network), created on first use.
@@ -106,6 +109,7 @@ impl ScanReport {
             totals: totals.into_values().collect(),
             verdicts,
             anomalies: scan.anomalies.clone(),
+            stuck_sandboxes: super::runtime::stuck_sandboxes(obs),
         }
     }
 
@@ -146,6 +150,9 @@ impl fmt::Display for ScanReport {
         }
         for a in &self.anomalies {
             writeln!(f, "  anomaly {:?} at {}: {} (left untouched)", a.kind, a.path, a.detail)?;
+        }
+        for s in &self.stuck_sandboxes {
+            writeln!(f, "  stuck {s}")?;
         }
         Ok(())
     }

@@ -451,7 +451,17 @@ fn observations() -> impl Strategy<Value = Observations> {
         prop::collection::vec((a_time(), a_time()), 0..2),
     )
         .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before)| {
-            Observations { live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before }
+            Observations {
+                live,
+                dead,
+                bindings,
+                cni_ops,
+                runtime_sandboxes,
+                runtime: None,
+                api_pods,
+                watching_since,
+                watched_before,
+            }
         })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {

@@ -144,6 +144,8 @@ pub enum Fact {
     IpInNoLiveNetns,
     NoCniOpInFlight,
     RuntimeDoesNotListSandbox,
+    /// What the container runtime says (engine/runtime.rs).
+    Runtime(super::runtime::RuntimeFact),
     /// An optional source was not available to check.
     SourceUnavailable {
         source: String,
@@ -206,6 +208,7 @@ impl fmt::Display for Fact {
             Self::IpInNoLiveNetns => f.write_str("its IP is configured in no live netns"),
             Self::NoCniOpInFlight => f.write_str("no CNI operation for its container is in flight"),
             Self::RuntimeDoesNotListSandbox => f.write_str("the runtime does not list its sandbox"),
+            Self::Runtime(fact) => fact.fmt(f),
             Self::SourceUnavailable { source } => write!(f, "{source} not available"),
         }
     }

@@ -70,6 +70,9 @@ pub struct Attachment {
     pub netns_path: Option<String>,
     /// Inode of that netns, resolved when the operation started (0 = unknown).
     pub netns_inode: Option<u64>,
+    /// Its nsid when it was resolved (None: unknown).
+    #[serde(default)]
+    pub netns_nsid: Option<i32>,
     /// Start of the CNI run that resolved `netns_inode`: the binding's date.
     /// (Not the container's first run: a later ADD may name a new netns.)
     pub netns_bound_at: Option<SystemTime>,
@@ -103,25 +106,36 @@ impl Attachment {
 /// (the path as the plugin sees it, from the nearest point to its exec).
 pub trait NetnsResolver {
     fn inode_of(&self, path: &str, pid: Option<u32>) -> Option<u64>;
+
+    /// The nsid (in netreap's netns) of the netns at `path`, which has
+    /// `inode`, assigning one when it has none: with it, a binding names the
+    /// incarnation even if the model never gets to open that netns.
+    fn nsid_of(&self, _path: &str, _pid: Option<u32>, _inode: u32) -> Option<i32> {
+        None
+    }
 }
 
 /// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net. A
 /// path that is not nsfs (the empty mount point `ip netns del` leaves for a
 /// moment after unmounting) resolves to nothing, never to its own inode.
-#[derive(Debug, Clone, Default)]
+#[derive(Default)]
 pub struct StatResolver {
     /// The host's root when the agent's mount namespace is another
     /// (`discovery::host_root`): runtime paths are the host's.
     pub host_root: Option<std::path::PathBuf>,
+    /// Asks the kernel for nsids (opened on first use).
+    querier: std::cell::RefCell<Option<crate::netlink::query::Querier>>,
 }
 
-/// `statfs(2)` type of the namespace filesystem.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
+impl StatResolver {
+    #[must_use]
+    pub fn new(host_root: Option<std::path::PathBuf>) -> Self {
+        Self { host_root, querier: std::cell::RefCell::new(None) }
+    }
 
-impl NetnsResolver for StatResolver {
-    fn inode_of(&self, path: &str, pid: Option<u32>) -> Option<u64> {
-        // The plugin's root, ours, then the host's (PID 1, with hostPID):
-        // in a container, runtime paths are the host's.
+    /// Where `path` may be found: the plugin's root, ours, then the host's
+    /// (in a container, runtime paths are the host's).
+    fn candidates(&self, path: &str, pid: Option<u32>) -> Vec<std::path::PathBuf> {
         let mut candidates: Vec<std::path::PathBuf> = Vec::with_capacity(3);
         if let Some(pid) = pid {
             candidates.push(crate::discovery::under_root(std::path::Path::new(&format!("/proc/{pid}/root")), path.as_ref()));
@@ -130,7 +144,25 @@ impl NetnsResolver for StatResolver {
         if let Some(root) = &self.host_root {
             candidates.push(crate::discovery::under_root(root, path.as_ref()));
         }
-        candidates.iter().find_map(|p| p.to_str().and_then(nsfs_inode))
+        candidates
+    }
+}
+
+/// `statfs(2)` type of the namespace filesystem.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+impl NetnsResolver for StatResolver {
+    fn inode_of(&self, path: &str, pid: Option<u32>) -> Option<u64> {
+        self.candidates(path, pid).iter().find_map(|p| p.to_str().and_then(nsfs_inode))
+    }
+
+    fn nsid_of(&self, path: &str, pid: Option<u32>, inode: u32) -> Option<i32> {
+        let fd = self.candidates(path, pid).iter().find_map(|p| crate::discovery::open_netns(p, inode).ok())?;
+        let mut querier = self.querier.try_borrow_mut().ok()?;
+        if querier.is_none() {
+            *querier = crate::netlink::query::Querier::open().ok();
+        }
+        querier.as_mut()?.nsid_of(std::os::fd::AsRawFd::as_raw_fd(&fd), true).ok().flatten()
     }
 }
 
@@ -178,6 +210,10 @@ impl Ledger {
                 let at = wall(task.ktime_ns);
                 let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
                 let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p, Some(task.tgid)));
+                let netns_nsid = netns_path
+                    .as_deref()
+                    .zip(netns_inode)
+                    .and_then(|(p, i)| resolver.nsid_of(p, Some(task.tgid), i as u32));
                 let ifname = exec.ifname.as_ref().map(|v| v.value.clone()).filter(|i| !i.is_empty());
                 let truncated = exec.command.truncated
                     || exec.container_id.as_ref().is_some_and(|v| v.truncated)
@@ -188,6 +224,7 @@ impl Ledger {
                     container_id: container_id.clone(),
                     netns_path: None,
                     netns_inode: None,
+                    netns_nsid: None,
                     netns_bound_at: None,
                     pinned: None,
                     ifnames: Vec::new(),
@@ -201,6 +238,7 @@ impl Ledger {
                     // keep the inode learned while it was alive.
                     if netns_inode.is_some() || entry.netns_path.as_deref() != Some(path) {
                         entry.netns_inode = netns_inode;
+                        entry.netns_nsid = netns_nsid;
                         entry.netns_bound_at = netns_inode.map(|_| at);
                         entry.pinned = None;
                     }
@@ -373,12 +411,12 @@ mod tests {
     fn the_stat_resolver_only_believes_nsfs() {
         use std::os::unix::fs::MetadataExt as _;
         let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
-        assert_eq!(StatResolver::default().inode_of("/proc/self/ns/net", None), Some(own));
+        assert_eq!(StatResolver::new(None).inode_of("/proc/self/ns/net", None), Some(own));
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("cni-1234");
         std::fs::write(&plain, "").unwrap();
-        assert_eq!(StatResolver::default().inode_of(plain.to_str().unwrap(), None), None, "an unmounted mount point");
-        assert_eq!(StatResolver::default().inode_of("/nonexistent/netns", None), None);
+        assert_eq!(StatResolver::new(None).inode_of(plain.to_str().unwrap(), None), None, "an unmounted mount point");
+        assert_eq!(StatResolver::new(None).inode_of("/nonexistent/netns", None), None);
     }
 
     #[test]

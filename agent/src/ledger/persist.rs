@@ -156,6 +156,7 @@ mod tests {
             container_id: "c1".into(),
             netns_path: Some("/run/netns/a".into()),
             netns_inode: Some(77),
+            netns_nsid: None,
             netns_bound_at: Some(t(1)),
             pinned: None,
             ifnames: vec!["eth0".into()],

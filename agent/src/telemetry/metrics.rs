@@ -63,6 +63,8 @@ struct Inner {
     ringbuf_drops: Counter,
     resyncs: Family<SourceLabels, Counter>,
     death_to_release: Histogram,
+    sandboxes_stuck: Gauge,
+    source_active: Family<SourceLabels, Gauge>,
 }
 
 /// The agent's metrics. Cloning is cheap (one `Arc`); all clones update the
@@ -128,6 +130,18 @@ impl Metrics {
             "Time from a netns's death to the release of the reservation it held",
             death_to_release.clone(),
         );
+        let sandboxes_stuck = Gauge::default();
+        registry.register(
+            "sandboxes_stuck",
+            "Sandboxes the container runtime lists NOTREADY while their netns is alive (their IPs are kept)",
+            sandboxes_stuck.clone(),
+        );
+        let source_active = Family::<SourceLabels, Gauge>::default();
+        registry.register(
+            "source_active",
+            "Whether an optional source of evidence answers (1) or not (0), by source",
+            source_active.clone(),
+        );
         // A gauge fixed at 1 rather than an OpenMetrics `info`: the classic
         // Prometheus text format has no info type.
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -146,6 +160,8 @@ impl Metrics {
                 ringbuf_drops,
                 resyncs,
                 death_to_release,
+                sandboxes_stuck,
+                source_active,
             }),
         }
     }
@@ -214,6 +230,16 @@ impl Metrics {
     /// Time from a netns's death to the release of its reservation.
     pub fn observe_death_to_release(&self, latency: Duration) {
         self.inner.death_to_release.observe(latency.as_secs_f64());
+    }
+
+    /// The number of stuck sandboxes (NOTREADY with a live netns).
+    pub fn set_sandboxes_stuck(&self, count: u64) {
+        self.inner.sandboxes_stuck.set(gauge_value(count));
+    }
+
+    /// Whether an optional source (`cri`, `kubernetes`) answers.
+    pub fn set_source_active(&self, source: &str, active: bool) {
+        self.inner.source_active.get_or_create(&SourceLabels { source: source.to_owned() }).set(i64::from(active));
     }
 
     /// The exposition in the `OpenMetrics` text format (ends with `# EOF`).

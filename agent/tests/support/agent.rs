@@ -59,9 +59,22 @@ impl Agent {
     /// Like `start`, run through `wrapper` (e.g. `unshare --mount ...`):
     /// the agent binary and its arguments are appended to it.
     pub fn start_wrapped(lab: &Lab, wrapper: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_in(lab.dir.path(), &lab.netreap_dir_args(), wrapper, extra, env)
+    }
+
+    /// Starts `netreap run` (through `wrapper`, if any) with its events and
+    /// log in `dir`, on the directories `dir_args` name (flags), and waits
+    /// until it is ready.
+    pub fn start_in(
+        dir: &std::path::Path,
+        dir_args: &[std::ffi::OsString],
+        wrapper: &[&str],
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let addr = free_port();
-        let events = lab.dir.path().join("events.jsonl");
-        let stderr = lab.dir.path().join(format!("agent-{}.log", addr.port()));
+        let events = dir.join("events.jsonl");
+        let stderr = dir.join(format!("agent-{}.log", addr.port()));
         let log = std::fs::File::create(&stderr).expect("agent log");
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
@@ -72,7 +85,7 @@ impl Agent {
             None => Command::new(env!("CARGO_BIN_EXE_netreap")),
         };
         cmd.arg("run")
-            .args(lab.netreap_dir_args())
+            .args(dir_args)
             .arg("--events")
             .arg(&events)
             .arg("--metrics-addr")

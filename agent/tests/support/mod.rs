@@ -2,6 +2,7 @@
 #![allow(dead_code, reason = "each test binary uses a subset")]
 
 pub mod agent;
+pub mod containerd;
 pub mod lab;
 pub mod net;
 
