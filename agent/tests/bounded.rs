@@ -265,7 +265,9 @@ fn a_stuck_lock_holds_only_its_own_network() {
         !dirs.exists("nrSstuck", "10.78.0.2")
     });
     assert!(released.is_some(), "released after the lock was freed; log:\n{}", agent.log());
-    assert!(worst_probe.get() < Duration::from_millis(500), "a /healthz took {:?}", worst_probe.get());
+    // kubelet's probe timeout in deploy/daemonset.yaml is 3 s; a second is
+    // far inside it even on a loaded CI machine.
+    assert!(worst_probe.get() < Duration::from_secs(1), "a /healthz took {:?}", worst_probe.get());
     // Back-off: over ~30 s of being stuck, a handful of attempts, not 30.
     let attempts = dirs.events_named("release").iter().filter(|r| r["outcome"] == "lock_busy").count();
     assert!((2..=6).contains(&attempts), "{attempts} lock_busy attempts");
