@@ -1,20 +1,30 @@
 //! CNI plugin runs: exec of an image whose environment carries
 //! CNI_COMMAND, and the exit of that process. Processes that are not CNI
-//! plugin runs produce no event (filtered here, in the kernel).
+//! plugin runs produce no event (filtered here, in the kernel), except that
+//! an environment the scan could not read to its end is always reported:
+//! a CNI_COMMAND past the limit must not make a plugin run vanish.
+//!
+//! Two variants read the environment; the agent loads the first the kernel
+//! accepts and attaches it to sched_process_exec:
+//! - `netreap_cni_exec`: one `bpf_loop` (Linux 5.17+) over every string;
+//! - `netreap_cni_exec_chained` + `netreap_cni_exec_next`: a bounded loop
+//!   per program run, continued by tail calls (Linux 5.10).
+//!
+//! Both share [`step`], so they report the same events.
 
 use core::{ffi::c_void, mem::size_of};
 
 use aya_ebpf::{
     helpers::{
-        bpf_get_current_pid_tgid,
+        bpf_get_current_pid_tgid, bpf_get_current_uid_gid,
         generated::{bpf_loop, bpf_probe_read_kernel_str, bpf_probe_read_user_str},
     },
     macros::{map, tracepoint},
-    maps::{HashMap, PerCpuArray},
+    maps::{HashMap, PerCpuArray, ProgramArray},
     programs::TracePointContext,
 };
 use netreap_common::{
-CniExecData, CniExitData, Event, MAX_ENV_STRINGS, cni_flag, kind,
+    CniExecData, CniExitData, ENV_CHUNK, ENV_LOOP_STEPS, ENV_TAIL_STEPS, Event, cni_flag, kind, scan_variant,
 };
 
 use crate::{
@@ -22,11 +32,12 @@ use crate::{
     kernel::{SKIP, current_task, offsets, read},
 };
 
-/// One env string is read this many bytes at a time; a longer string takes
-/// several reads (the scan continues past it, never matches inside it).
-const ENV_CHUNK: usize = 256;
 /// sched_process_exec layout (stable ABI): `__data_loc char[] filename` at 8.
 const EXEC_FILENAME_LOC: usize = 8;
+/// The chunk buffer as 8-byte words, so a key prefix is two aligned loads.
+const CHUNK_WORDS: usize = ENV_CHUNK / 8;
+/// Index of `netreap_cni_exec_next` in ENV_TAIL.
+const TAIL_NEXT: u32 = 0;
 
 /// Processes (tgid) that are CNI plugin runs, so their exit is reported.
 #[map]
@@ -37,43 +48,21 @@ static CNI_TASKS: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
 static EXEC_SCRATCH: PerCpuArray<Event<CniExecData>> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
-static ENV_SCRATCH: PerCpuArray<[u8; ENV_CHUNK]> = PerCpuArray::with_max_entries(1, 0);
+static ENV_SCRATCH: PerCpuArray<[u64; CHUNK_WORDS]> = PerCpuArray::with_max_entries(1, 0);
 
-/// Reads a user string into `dst`; returns its length with the NUL, or an
-/// error. A return of `dst.len()` means it may have been cut.
-#[inline(always)]
-fn read_user_str(dst: &mut [u8], src: u64) -> Result<usize, i64> {
-    // SAFETY: the helper bounds the write by dst.len() and checks src.
-    let n = unsafe {
-        bpf_probe_read_user_str(dst.as_mut_ptr().cast::<c_void>(), dst.len() as u32, src as *const c_void)
-    };
-    if n < 0 { Err(n) } else { Ok(n as usize) }
-}
+/// The tail-call variant's scan state between its program runs (tracepoint
+/// programs run with preemption off, so the per-CPU slot is this exec's).
+#[map]
+static SCAN_STATE: PerCpuArray<EnvScan> = PerCpuArray::with_max_entries(1, 0);
 
-/// Copies the value of `KEY=value` (at `src + key_len`) into `dst`,
-/// returning `truncated_flag` when the value may be cut.
-#[inline(always)]
-fn copy_value(dst: &mut [u8], src: u64, truncated_flag: u32) -> u32 {
-    match read_user_str(dst, src) {
-        Ok(n) if n >= dst.len() => truncated_flag,
-        _ => 0,
-    }
-}
+/// Slot TAIL_NEXT holds `netreap_cni_exec_next`, set by the agent when it
+/// loads the tail-call variant.
+#[map]
+static ENV_TAIL: ProgramArray = ProgramArray::with_max_entries(1, 0);
 
-#[inline(always)]
-fn starts_with(buf: &[u8; ENV_CHUNK], key: &[u8]) -> bool {
-    let mut i = 0;
-    while i < key.len() {
-        if buf[i] != key[i] {
-            return false;
-        }
-        i += 1;
-    }
-    true
-}
-
-/// State of the environment scan, shared with the bpf_loop callback.
+/// State of one environment scan.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct EnvScan {
     /// Next byte of the environment block to read.
     p: u64,
@@ -81,39 +70,97 @@ struct EnvScan {
     /// The previous read was cut: `p` is inside the same string.
     continuing: u64,
     scanned: u64,
-    found_command: u64,
+    /// Slot of ENV_TAIL to call next (always TAIL_NEXT). Read from this map
+    /// value, the verifier cannot know it: the tail call stays an indirect
+    /// one, never a JIT-patched direct jump (poke), which hung 5.10.
+    tail_slot: u64,
 }
 
-/// bpf_loop callback: reads one environment string (or the next chunk of a
-/// long one) and copies it when it is a CNI_ variable. Returns 1 to stop.
-extern "C" fn scan_env_string(_index: u64, ctx: *mut c_void) -> i64 {
-    // SAFETY: ctx is the EnvScan on try_cni_exec's stack.
-    let scan = unsafe { &mut *ctx.cast::<EnvScan>() };
-    if scan.p >= scan.end || (scan.scanned >= u64::from(MAX_ENV_STRINGS) && scan.continuing == 0) {
-        return 1;
+/// A `KEY=` prefix as two little-endian words, the second masked to the
+/// key's length (10 to 16 bytes).
+struct Key {
+    w0: u64,
+    w1: u64,
+    mask1: u64,
+}
+
+const fn key(k: &[u8]) -> Key {
+    let mut w0 = 0u64;
+    let mut w1 = 0u64;
+    let mut i = 0;
+    while i < k.len() {
+        if i < 8 {
+            w0 |= (k[i] as u64) << (8 * i);
+        } else {
+            w1 |= (k[i] as u64) << (8 * (i - 8));
+        }
+        i += 1;
     }
-    let (Some(event), Some(chunk)) = (EXEC_SCRATCH.get_ptr_mut(0), ENV_SCRATCH.get_ptr_mut(0)) else {
-        return 1;
-    };
-    // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
-    let (data, chunk) = unsafe { (&mut (*event).data, &mut *chunk) };
+    let rest = k.len() - 8;
+    let mask1 = if rest >= 8 { u64::MAX } else { (1u64 << (8 * rest)) - 1 };
+    Key { w0, w1, mask1 }
+}
+
+const COMMAND: Key = key(b"CNI_COMMAND=");
+const CONTAINER_ID: Key = key(b"CNI_CONTAINERID=");
+const NETNS: Key = key(b"CNI_NETNS=");
+const IFNAME: Key = key(b"CNI_IFNAME=");
+/// "CNI_" in the low half of the first word.
+const CNI_PREFIX: u64 = COMMAND.w0 & 0xffff_ffff;
+
+/// True when the string read into `(w0, w1)` starts with `k`. A string
+/// shorter than the key has its NUL where the key has a letter, so bytes
+/// left over from an earlier read never complete a match.
+#[inline(always)]
+fn is(w0: u64, w1: u64, k: &Key) -> bool {
+    w0 == k.w0 && (w1 & k.mask1) == k.w1
+}
+
+/// Reads a user string into `dst`; returns its length with the NUL, or an
+/// error. A return of `dst.len()` means it may have been cut.
+#[inline(always)]
+fn read_user_str(dst: *mut u8, len: usize, src: u64) -> Result<usize, i64> {
+    // SAFETY: the helper bounds the write by len and checks src.
+    let n = unsafe { bpf_probe_read_user_str(dst.cast::<c_void>(), len as u32, src as *const c_void) };
+    if n < 0 { Err(n) } else { Ok(n as usize) }
+}
+
+/// Copies the value of `KEY=value` (at `src + key_len`) into `dst`,
+/// returning `truncated_flag` when the value may be cut.
+#[inline(always)]
+fn copy_value(dst: &mut [u8], src: u64, truncated_flag: u32) -> u32 {
+    match read_user_str(dst.as_mut_ptr(), dst.len(), src) {
+        Ok(n) if n >= dst.len() => truncated_flag,
+        _ => 0,
+    }
+}
+
+/// One step of the scan: reads the string at `scan.p` (or the next chunk
+/// of a long one) and copies it when it is a CNI_ variable. False when the
+/// scan is over: the end was reached, or a read failed (then `p < end`
+/// says the scan was cut short).
+#[inline(always)]
+fn step(scan: &mut EnvScan, data: &mut CniExecData, chunk: &mut [u64; CHUNK_WORDS]) -> bool {
+    if scan.p >= scan.end {
+        return false;
+    }
     let p = scan.p;
-    let n = match read_user_str(chunk, p) {
+    let n = match read_user_str(chunk.as_mut_ptr().cast::<u8>(), ENV_CHUNK, p) {
         Ok(n) if n > 0 => n,
-        _ => return 1,
+        _ => return false,
     };
     if scan.continuing == 0 {
         scan.scanned += 1;
-        if chunk[0] == b'C' && chunk[1] == b'N' && chunk[2] == b'I' && chunk[3] == b'_' {
-            if starts_with(chunk, b"CNI_COMMAND=") {
-                data.flags |= copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
-                scan.found_command = 1;
-            } else if starts_with(chunk, b"CNI_CONTAINERID=") {
+        let (w0, w1) = (chunk[0], chunk[1]);
+        if w0 & 0xffff_ffff == CNI_PREFIX {
+            if is(w0, w1, &COMMAND) {
+                data.flags |= cni_flag::HAS_COMMAND | copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
+            } else if is(w0, w1, &CONTAINER_ID) {
                 data.flags |= cni_flag::HAS_CONTAINER_ID
                     | copy_value(&mut data.container_id, p + 16, cni_flag::CONTAINER_ID_TRUNCATED);
-            } else if starts_with(chunk, b"CNI_NETNS=") {
+            } else if is(w0, w1, &NETNS) {
                 data.flags |= cni_flag::HAS_NETNS | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
-            } else if starts_with(chunk, b"CNI_IFNAME=") {
+            } else if is(w0, w1, &IFNAME) {
                 data.flags |=
                     cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
             }
@@ -127,59 +174,53 @@ extern "C" fn scan_env_string(_index: u64, ctx: *mut c_void) -> i64 {
         scan.p = p + n as u64;
         scan.continuing = 0;
     }
-    0
+    true
 }
 
-/// tracepoint: sched/sched_process_exec (filename, pid, old_pid)
-#[tracepoint(category = "sched", name = "sched_process_exec")]
-pub fn netreap_cni_exec(ctx: TracePointContext) -> u32 {
-    try_cni_exec(&ctx).unwrap_or(0)
-}
-
-fn try_cni_exec(ctx: &TracePointContext) -> Result<u32, i64> {
+/// Starts a scan of the current task's new environment: clears the record
+/// and returns where the environment lies.
+#[inline(always)]
+fn begin(variant: u32) -> Result<EnvScan, i64> {
     let off = offsets();
     if off.valid == 0 {
         return Err(SKIP);
     }
-    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let mm: *const u8 = read(current_task(), off.task_mm)?;
     if mm.is_null() {
         return Err(SKIP);
     }
     let env_start: u64 = read(mm, off.mm_env_start)?;
     let env_end: u64 = read(mm, off.mm_env_end)?;
-
     let event = EXEC_SCRATCH.get_ptr_mut(0).ok_or(SKIP)?;
     // SAFETY: per-CPU map slot, exclusive to this program run on this CPU.
-    let event = unsafe { &mut *event };
-    let data = &mut event.data;
+    let data = unsafe { &mut (*event).data };
     data.flags = 0;
+    data.env_scanned = 0;
+    data.uid = bpf_get_current_uid_gid() as u32;
+    data.scan_variant = variant;
     data.command[0] = 0;
     data.container_id[0] = 0;
     data.netns[0] = 0;
     data.ifname[0] = 0;
     data.filename[0] = 0;
+    Ok(EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0, tail_slot: u64::from(TAIL_NEXT) })
+}
 
-    // bpf_loop (5.17+) keeps the verifier's work to one pass over the body,
-    // where an open-coded loop of this size exceeds its budget.
-    let mut scan = EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0, found_command: 0 };
-    // SAFETY: the callback is a static function; the context lives on this stack.
-    unsafe {
-        bpf_loop(
-            MAX_ENV_STRINGS * 2,
-            scan_env_string as *mut c_void,
-            (&raw mut scan).cast::<c_void>(),
-            0,
-        );
-    }
+/// Ends a scan: emits the record when this is a CNI run (or may be one,
+/// when the scan was cut short) and remembers the process for its exit.
+#[inline(always)]
+fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let event = EXEC_SCRATCH.get_ptr_mut(0).ok_or(SKIP)?;
+    // SAFETY: per-CPU map slot, exclusive to this program run on this CPU.
+    let event = unsafe { &mut *event };
     let data = &mut event.data;
     if scan.p < scan.end {
         data.flags |= cni_flag::ENV_SCAN_LIMIT;
     }
     data.env_scanned = scan.scanned as u32;
-    let found_command = scan.found_command != 0;
-
-    if !found_command || data.command[0] == 0 {
+    let is_cni_run = data.flags & cni_flag::HAS_COMMAND != 0 && data.command[0] != 0;
+    if !is_cni_run && data.flags & cni_flag::ENV_SCAN_LIMIT == 0 {
         // Not a CNI plugin run (any more, if this process exec'd again).
         let _ = CNI_TASKS.remove(&tgid);
         return Ok(0);
@@ -204,6 +245,81 @@ fn try_cni_exec(ctx: &TracePointContext) -> Result<u32, i64> {
     let _ = CNI_TASKS.insert(&tgid, &1, 0);
     output(event);
     Ok(0)
+}
+
+/// bpf_loop callback: one [`step`]. Returns 1 to stop.
+extern "C" fn loop_step(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: ctx is the EnvScan on try_cni_exec's stack.
+    let scan = unsafe { &mut *ctx.cast::<EnvScan>() };
+    let (Some(event), Some(chunk)) = (EXEC_SCRATCH.get_ptr_mut(0), ENV_SCRATCH.get_ptr_mut(0)) else {
+        return 1;
+    };
+    // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
+    let (data, chunk) = unsafe { (&mut (*event).data, &mut *chunk) };
+    if step(scan, data, chunk) { 0 } else { 1 }
+}
+
+/// tracepoint: sched/sched_process_exec (filename, pid, old_pid).
+/// The bpf_loop variant (Linux 5.17+).
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn netreap_cni_exec(ctx: TracePointContext) -> u32 {
+    try_cni_exec(&ctx).unwrap_or(0)
+}
+
+fn try_cni_exec(ctx: &TracePointContext) -> Result<u32, i64> {
+    let mut scan = begin(scan_variant::BPF_LOOP)?;
+    // bpf_loop keeps the verifier's work to one pass over the body, where
+    // an open-coded loop of this size exceeds its budget.
+    // SAFETY: the callback is a static function; the context lives on this stack.
+    unsafe {
+        bpf_loop(ENV_LOOP_STEPS, loop_step as *mut c_void, (&raw mut scan).cast::<c_void>(), 0);
+    }
+    finish(ctx, &scan)
+}
+
+/// tracepoint: sched/sched_process_exec (filename, pid, old_pid).
+/// The tail-call variant (Linux 5.10): starts the scan, then chains.
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn netreap_cni_exec_chained(ctx: TracePointContext) -> u32 {
+    try_cni_exec_chained(&ctx).unwrap_or(0)
+}
+
+fn try_cni_exec_chained(ctx: &TracePointContext) -> Result<u32, i64> {
+    let scan = begin(scan_variant::TAIL_CALLS)?;
+    let state = SCAN_STATE.get_ptr_mut(0).ok_or(SKIP)?;
+    // SAFETY: per-CPU map slot, exclusive to this program run on this CPU.
+    unsafe { *state = scan };
+    scan_chunk(ctx)
+}
+
+/// Tail-call target of the 5.10 variant (never attached): the next
+/// ENV_TAIL_STEPS steps of the scan in SCAN_STATE.
+#[tracepoint(category = "sched", name = "sched_process_exec")]
+pub fn netreap_cni_exec_next(ctx: TracePointContext) -> u32 {
+    scan_chunk(&ctx).unwrap_or(0)
+}
+
+#[inline(always)]
+fn scan_chunk(ctx: &TracePointContext) -> Result<u32, i64> {
+    let state = SCAN_STATE.get_ptr_mut(0).ok_or(SKIP)?;
+    let event = EXEC_SCRATCH.get_ptr_mut(0).ok_or(SKIP)?;
+    let chunk = ENV_SCRATCH.get_ptr_mut(0).ok_or(SKIP)?;
+    // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
+    let (scan, data, chunk) = unsafe { (&mut *state, &mut (*event).data, &mut *chunk) };
+    let mut more = true;
+    let mut i = 0;
+    while more && i < ENV_TAIL_STEPS {
+        more = step(scan, data, chunk);
+        i += 1;
+    }
+    if more && scan.p < scan.end {
+        // SAFETY: a tail call replaces this program run; it returns only
+        // when it fails (no more tail calls allowed, or an empty slot).
+        unsafe { ENV_TAIL.tail_call(ctx, scan.tail_slot as u32) };
+    }
+    // Done, or the chain ran out: finish flags a scan that stopped early.
+    let scan = *scan;
+    finish(ctx, &scan)
 }
 
 #[inline(always)]

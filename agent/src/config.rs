@@ -39,6 +39,10 @@ pub struct Config {
     /// libcni's cached results directory (files
     /// `<network>-<containerID>-<ifname>`, written after a successful ADD).
     pub cni_cache_dir: PathBuf,
+    /// Directories of CNI plugin binaries. Only an exec of a binary inside
+    /// one of them, run as root, counts as a CNI run; any other process
+    /// carrying CNI_COMMAND is a reported anomaly that changes nothing.
+    pub cni_bin_dirs: Vec<PathBuf>,
     /// netreap's own state: the journal of release intents.
     pub state_dir: PathBuf,
     /// Rotate the journal past this size (the open intents are carried).
@@ -95,6 +99,7 @@ impl Default for Config {
         Self {
             host_local_dirs: vec![PathBuf::from("/var/lib/cni/networks")],
             cni_cache_dir: PathBuf::from("/var/lib/cni/results"),
+            cni_bin_dirs: ["/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni"].map(PathBuf::from).to_vec(),
             state_dir: PathBuf::from("/var/lib/netreap"),
             journal_max_bytes: 16 * MIB,
             release_lock_timeout: Duration::from_secs(5),
@@ -131,6 +136,14 @@ const KEYS: &[(&str, &str, &str)] = &[
         "libcni's cached results (files <network>-<containerID>-<ifname>, written\n\
          only after a whole chain's ADD succeeded).",
         "NETREAP_CNI_CACHE_DIR, --cni-cache-dir",
+    ),
+    (
+        "cni_bin_dirs",
+        "Directories of CNI plugin binaries (the runtime's CNI bin dirs). Only an\n\
+         exec of a binary inside one of them, by root, counts as a CNI run; any\n\
+         other process carrying CNI_COMMAND is a reported anomaly (metric\n\
+         cni_exec_anomalies, event cni_exec_anomaly) that changes no verdict.",
+        "NETREAP_CNI_BIN_DIRS (comma-separated), --cni-bin-dir (repeatable)",
     ),
     ("state_dir", "netreap's own state: the journal of release intents.", "NETREAP_STATE_DIR, --state-dir"),
     (
@@ -301,6 +314,14 @@ impl Config {
                 return invalid("host_local_dirs", format!("{} is not an absolute path", dir.display()));
             }
         }
+        if self.cni_bin_dirs.is_empty() {
+            return invalid("cni_bin_dirs", "empty: no CNI run would be believed; name the CNI bin dirs".to_owned());
+        }
+        for dir in &self.cni_bin_dirs {
+            if !dir.is_absolute() {
+                return invalid("cni_bin_dirs", format!("{} is not an absolute path", dir.display()));
+            }
+        }
         for (key, dir) in [("cni_cache_dir", &self.cni_cache_dir), ("state_dir", &self.state_dir)] {
             if !dir.is_absolute() {
                 return invalid(key, format!("{} is not an absolute path", dir.display()));
@@ -427,6 +448,9 @@ pub struct ConfigFlags {
     /// libcni cached results directory.
     #[arg(long, env = "NETREAP_CNI_CACHE_DIR", value_name = "DIR")]
     pub cni_cache_dir: Option<PathBuf>,
+    /// CNI plugin bin directory (repeatable; replaces the file's list).
+    #[arg(long = "cni-bin-dir", env = "NETREAP_CNI_BIN_DIRS", value_delimiter = ',', value_name = "DIR")]
+    pub cni_bin_dirs: Vec<PathBuf>,
     /// netreap's state directory (journal).
     #[arg(long, env = "NETREAP_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
@@ -508,6 +532,9 @@ impl ConfigFlags {
             config.host_local_dirs.clone_from(&self.host_local_dirs);
         }
         set(&mut config.cni_cache_dir, self.cni_cache_dir.as_ref());
+        if !self.cni_bin_dirs.is_empty() {
+            config.cni_bin_dirs.clone_from(&self.cni_bin_dirs);
+        }
         set(&mut config.state_dir, self.state_dir.as_ref());
         set(&mut config.journal_max_bytes, self.journal_max_bytes.as_ref());
         set(&mut config.release_lock_timeout, self.release_lock_timeout.as_ref());
@@ -720,6 +747,8 @@ mod tests {
         let cases = [
             ("state_dir = \"relative\"", "state_dir"),
             ("host_local_dirs = [\"/ok\", \"nope\"]", "host_local_dirs"),
+            ("cni_bin_dirs = [\"opt/cni/bin\"]", "cni_bin_dirs"),
+            ("cni_bin_dirs = []", "cni_bin_dirs"),
             ("events = \"\"", "events"),
             ("events_max_bytes = 10", "events_max_bytes"),
             ("events_keep = 1000", "events_keep"),

@@ -38,12 +38,10 @@ static SERIAL: Mutex<()> = Mutex::new(());
 fn possible() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: needs root to create network namespaces");
-        return false;
+        return support::skip("needs root to create network namespaces");
     }
     if Command::new("ip").arg("-V").output().is_err() {
-        eprintln!("skip: needs iproute2's `ip`");
-        return false;
+        return support::skip("needs iproute2's `ip`");
     }
     true
 }
@@ -550,7 +548,9 @@ fn three_hundred_namespaces_come_and_go_and_no_fd_leaks() {
                 .fold(String::new(), |s, n| s + "netns del " + n + "\n"),
         );
         let mut dead = HashSet::new();
-        let deadline = Instant::now() + WAIT;
+        // Lost notices are found by the next resync's dump per nsid: 600
+        // dumps, slow under emulation. A bound for correctness, not speed.
+        let deadline = Instant::now() + WAIT * 6;
         while dead.len() < N {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left, deaths.recv()).await {
@@ -835,20 +835,24 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
             .filter(|v| v.alive && v.inode.is_some_and(|i| inodes.contains(&i)))
             .count();
         assert_eq!(found, N, "every namespace found at start");
-        // Several resyncs (one a second), each with a full nsid dump.
-        let until = Instant::now() + Duration::from_secs(8);
-        while let Ok(got) =
-            tokio::time::timeout(until.saturating_duration_since(Instant::now()), deaths.recv())
-                .await
-        {
-            let d = got.expect("death channel open");
-            assert!(
-                !d.inode.is_some_and(|i| inodes.contains(&i)),
-                "a live netns was declared dead: {d:?}"
-            );
+        // Several resyncs (one a second, slower under emulation), each with
+        // a full nsid dump: not one death of ours meanwhile.
+        let until = Instant::now() + Duration::from_secs(120);
+        loop {
+            while let Ok(got) = tokio::time::timeout(Duration::from_millis(200), deaths.recv()).await {
+                let d = got.expect("death channel open");
+                assert!(
+                    !d.inode.is_some_and(|i| inodes.contains(&i)),
+                    "a live netns was declared dead: {d:?}"
+                );
+            }
+            let s = watcher.snapshot().await.expect("snapshot");
+            if s.stats.resyncs >= 3 {
+                break;
+            }
+            assert!(Instant::now() < until, "resyncs did not run: {:?}", s.stats);
         }
         let s = watcher.snapshot().await.expect("snapshot");
-        assert!(s.stats.resyncs >= 3, "resyncs ran: {:?}", s.stats);
         let alive = s
             .netns
             .iter()

@@ -5,13 +5,13 @@
 mod support;
 
 use std::{
-    os::unix::{fs::MetadataExt, fs::PermissionsExt},
+    os::unix::{fs::MetadataExt, fs::PermissionsExt, process::CommandExt as _},
     process::Command,
     time::Duration,
 };
 
-use netreap::kernel::events::{KernelEvent, NetnsVia};
-use support::{kernel_tests_possible, runtime, unique, watch};
+use netreap::kernel::events::{EnvScanVariant, KernelEvent, NetnsVia};
+use support::{both_scans, kernel_tests_possible, runtime, unique, watch};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -219,25 +219,24 @@ fn cni_plugin_runs_report_exec_and_exit() {
     let container = unique("ctr");
     let netns = format!("/var/run/netns/{}", unique("nrcni"));
     runtime().block_on(async {
-        let mut w = watch();
-        for (command, exit) in [("ADD", 0), ("DEL", 7)] {
-            let pid = run_plugin(&plugin, command, &container, &netns, exit);
-            let (exec, _) = w.wait_for(WAIT, "cni exec", |e| {
-                matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid)
-            })
-            .await;
-            let KernelEvent::CniExec { exec, .. } = exec else { unreachable!() };
-            assert_eq!(exec.command.value, command);
-            assert_eq!(exec.binary.value, plugin.to_string_lossy());
-            assert_eq!(exec.container_id.expect("container id").value, container);
-            assert_eq!(exec.netns.expect("netns").value, netns);
-            assert_eq!(exec.ifname.expect("ifname").value, "eth0");
-            let (exit_event, _) = w.wait_for(WAIT, "cni exit", |e| {
-                matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == pid)
-            })
-            .await;
-            let KernelEvent::CniExit { exit: status, .. } = exit_event else { unreachable!() };
-            assert_eq!(status.exit_code, Some(exit), "{command} exit code");
+        for (scan, mut w) in both_scans() {
+            for (command, exit) in [("ADD", 0), ("DEL", 7)] {
+                let pid = run_plugin(&plugin, command, &container, &netns, exit);
+                let (exec, _) = w
+                    .wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid))
+                    .await;
+                let KernelEvent::CniExec { exec, .. } = exec else { unreachable!() };
+                assert_eq!(exec.command.value, command, "{scan}");
+                assert_eq!(exec.binary.value, plugin.to_string_lossy());
+                assert_eq!(exec.container_id.expect("container id").value, container);
+                assert_eq!(exec.netns.expect("netns").value, netns);
+                assert_eq!(exec.ifname.expect("ifname").value, "eth0");
+                let (exit_event, _) = w
+                    .wait_for(WAIT, "cni exit", |e| matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == pid))
+                    .await;
+                let KernelEvent::CniExit { exit: status, .. } = exit_event else { unreachable!() };
+                assert_eq!(status.exit_code, Some(exit), "{scan}: {command} exit code");
+            }
         }
     });
 }
@@ -281,5 +280,123 @@ fn non_cni_processes_are_filtered_in_the_kernel_and_long_values_are_flagged() {
         assert!(id.truncated, "a 300-byte id does not fit: flagged");
         assert!(long_id.starts_with(&id.value) && !id.value.is_empty(), "prefix kept");
         assert!(exec.netns.is_none(), "absent CNI_NETNS is None, not empty");
+    });
+}
+
+/// Runs the fake plugin with `fillers` variables that sort before the CNI_
+/// ones (Command orders the environment by name), so the CNI values come
+/// after all of them. Returns the pid.
+fn run_with_fillers(plugin: &std::path::Path, fillers: usize, container: &str) -> u32 {
+    let mut cmd = Command::new(plugin);
+    cmd.env_clear();
+    for i in 0..fillers {
+        cmd.env(format!("A{i:05}"), "filler");
+    }
+    cmd.env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", "/var/run/netns/nrEbig")
+        .env("CNI_IFNAME", "eth0")
+        .env("FAKE_EXIT", "0");
+    let mut child = cmd.spawn().expect("plugin runs");
+    let pid = child.id();
+    assert!(child.wait().expect("plugin exits").success());
+    pid
+}
+
+/// Variables the fake plugin gets besides the fillers.
+const CNI_VARS: u32 = 5;
+
+#[test]
+fn a_300_string_environment_is_read_to_its_end() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = fake_plugin(dir.path());
+    runtime().block_on(async {
+        for (scan, mut w) in both_scans() {
+            let container = unique("nrEctr");
+            let pid = run_with_fillers(&plugin, 300, &container);
+            let (event, _) = w
+                .wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid))
+                .await;
+            let KernelEvent::CniExec { exec, .. } = event else { unreachable!() };
+            assert!(!exec.env_scan_limited, "{scan}: 305 strings are within every scan's reach");
+            assert_eq!(exec.env_scanned, 300 + CNI_VARS, "{scan}: every string was read");
+            assert_eq!(exec.command.value, "ADD", "{scan}");
+            assert_eq!(exec.container_id.expect("container id").value, container, "{scan}");
+            assert_eq!(exec.netns.expect("netns").value, "/var/run/netns/nrEbig", "{scan}");
+            assert_eq!(exec.ifname.expect("ifname").value, "eth0", "{scan}");
+            assert_eq!(exec.uid, 0, "{scan}: run as root");
+            let expected = if scan == "tail_calls" { EnvScanVariant::TailCalls } else { EnvScanVariant::BpfLoop };
+            assert_eq!(exec.scan_variant, expected);
+        }
+    });
+}
+
+#[test]
+fn an_environment_past_the_scan_limit_is_reported_as_limited_never_dropped() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = fake_plugin(dir.path());
+    // Past the tail-call chain (4,352 strings), and no more: each
+    // string costs emulated time in the qemu guests.
+    let fillers = 4500;
+    runtime().block_on(async {
+        for (scan, mut w) in both_scans() {
+            let container = unique("nrEctr");
+            let pid = run_with_fillers(&plugin, fillers, &container);
+            let (event, _) = w
+                .wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid))
+                .await;
+            let KernelEvent::CniExec { exec, .. } = event else { unreachable!() };
+            if scan == "tail_calls" {
+                // The chain ends before the CNI_ values: the run is still
+                // reported, flagged, without the values it could not reach.
+                assert!(exec.env_scan_limited, "tail_calls: the limit is said");
+                assert!(exec.container_id.is_none() && exec.command.value.is_empty());
+                assert_eq!(exec.env_scanned % 128, 0, "tail_calls: whole program runs of 128 steps");
+                assert!(
+                    (4000..4500).contains(&exec.env_scanned),
+                    "tail_calls: read {} strings before the chain ended",
+                    exec.env_scanned
+                );
+                eprintln!("tail_calls: the chain read {} strings", exec.env_scanned);
+            } else {
+                assert!(!exec.env_scan_limited, "{scan}: reads any environment to its end");
+                assert_eq!(exec.env_scanned, fillers as u32 + CNI_VARS);
+                assert_eq!(exec.container_id.expect("container id").value, container);
+            }
+        }
+    });
+}
+
+#[test]
+fn the_exec_record_carries_the_real_uid() {
+    if !kernel_tests_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let plugin = fake_plugin(dir.path());
+    runtime().block_on(async {
+        let mut w = watch();
+        let mut child = Command::new(&plugin)
+            .env_clear()
+            .env("CNI_COMMAND", "DEL")
+            .env("CNI_CONTAINERID", "nrEuid")
+            .uid(65534)
+            .gid(65534)
+            .spawn()
+            .expect("plugin runs as nobody");
+        let pid = child.id();
+        child.wait().expect("exits");
+        let (event, _) = w
+            .wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid))
+            .await;
+        let KernelEvent::CniExec { exec, .. } = event else { unreachable!() };
+        assert_eq!(exec.uid, 65534);
     });
 }

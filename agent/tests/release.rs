@@ -29,18 +29,18 @@ use netreap::{
     release::{Journal, Outcome, Releaser, ReleaserConfig, release_reviewed, scan_report},
 };
 
+mod support;
+
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 
 /// The real plugin needs root (for `CNI_NETNS`) and the Debian package.
 fn real_plugin_possible() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: needs root to create network namespaces");
-        return false;
+        return support::skip("needs root to create network namespaces");
     }
     if !Path::new(HOST_LOCAL).exists() {
-        eprintln!("skip: {HOST_LOCAL} missing (Debian package containernetworking-plugins)");
-        return false;
+        return support::skip(&format!("{HOST_LOCAL} missing (Debian package containernetworking-plugins)"));
     }
     true
 }
@@ -849,8 +849,10 @@ fn the_last_look_keeps_a_reservation_whose_cni_run_is_in_flight() {
     let v = verdict_for(&data, &died(&["c2"]), ip);
     let bin = tmp.path().join("cni-bin");
     fs::create_dir_all(&bin).unwrap();
-    fs::copy("/bin/sleep", bin.join("nrrplugin")).unwrap();
-    let mut plugin = Command::new(bin.join("nrrplugin")).arg("30").env("CNI_CONTAINERID", "c2").spawn().unwrap();
+    // Named `sleep`: busybox (the qemu guests' /bin/sleep) picks its applet
+    // by that name.
+    fs::copy("/bin/sleep", bin.join("sleep")).unwrap();
+    let mut plugin = Command::new(bin.join("sleep")).arg("30").env("CNI_CONTAINERID", "c2").spawn().unwrap();
     let mut rel = releaser(&tmp.path().join("state"), &[&data], None, false);
     rel.set_last_look(Box::new(netreap::release::lastlook::KernelLook::new(
         Vec::new(),

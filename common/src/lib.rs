@@ -34,9 +34,12 @@ pub mod cni_flag {
     pub const NETNS_TRUNCATED: u32 = 1 << 2;
     pub const IFNAME_TRUNCATED: u32 = 1 << 3;
     pub const FILENAME_TRUNCATED: u32 = 1 << 4;
-    /// The environment had more strings than the kernel scans; a value
-    /// after the limit would be missing.
+    /// The scan stopped before the end of the environment (a loop or
+    /// tail-call limit, or an unreadable string): a value after that point
+    /// would be missing, so the run is reported even without CNI_COMMAND.
     pub const ENV_SCAN_LIMIT: u32 = 1 << 5;
+    /// CNI_COMMAND was found (a record with ENV_SCAN_LIMIT may lack it).
+    pub const HAS_COMMAND: u32 = 1 << 11;
     pub const HAS_CONTAINER_ID: u32 = 1 << 8;
     pub const HAS_NETNS: u32 = 1 << 9;
     pub const HAS_IFNAME: u32 = 1 << 10;
@@ -48,8 +51,29 @@ pub const CNI_CONTAINER_ID_LEN: usize = 128;
 pub const CNI_NETNS_LEN: usize = 256;
 pub const CNI_IFNAME_LEN: usize = 32;
 pub const FILENAME_LEN: usize = 256;
-/// Environment strings the kernel looks at per exec.
-pub const MAX_ENV_STRINGS: u32 = 256;
+/// Which environment scan produced a CNI_EXEC record
+/// (`CniExecData::scan_variant`). Ids are stable: never renumber.
+pub mod scan_variant {
+    /// One program, `bpf_loop` (Linux 5.17+): reads the whole environment.
+    pub const BPF_LOOP: u32 = 1;
+    /// Bounded loops in a chain of tail calls (Linux 5.10): reads up to
+    /// `ENV_TAIL_STEPS * 34` strings or chunks.
+    pub const TAIL_CALLS: u32 = 2;
+}
+
+/// Bytes of an environment string read at once; a longer string takes
+/// several reads ("steps"). Above one page of most strings in practice.
+pub const ENV_CHUNK: usize = 4096;
+/// bpf_loop iterations (one string, or one chunk of a long one, each). The
+/// kernel caps argv+envp at 6 MiB (fs/exec.c, `_STK_LIM / 4 * 3`), and each
+/// string costs at least 9 bytes (a NUL and its pointer), so no environment
+/// needs more than 6 MiB / 9 + 6 MiB / (ENV_CHUNK - 1) < 2^20 steps: this
+/// variant reads any environment an exec can carry to its end.
+pub const ENV_LOOP_STEPS: u32 = 1 << 20;
+/// Steps per program run of the tail-call variant (a bounded loop the 5.10
+/// verifier walks). The kernel allows 33 tail calls after the first run
+/// (measured on 5.10 and 6.18: 34 runs, 4,352 strings).
+pub const ENV_TAIL_STEPS: u32 = 128;
 
 /// Common header of every ring-buffer record.
 #[repr(C)]
@@ -87,12 +111,25 @@ pub struct CniExecData {
     pub flags: u32,
     /// Environment strings scanned.
     pub env_scanned: u32,
+    /// Real uid of the task after exec (`bpf_get_current_uid_gid`).
+    pub uid: u32,
+    /// [`scan_variant`] that read the environment.
+    pub scan_variant: u32,
     pub command: [u8; CNI_COMMAND_LEN],
     pub container_id: [u8; CNI_CONTAINER_ID_LEN],
     pub netns: [u8; CNI_NETNS_LEN],
     pub ifname: [u8; CNI_IFNAME_LEN],
     pub filename: [u8; FILENAME_LEN],
 }
+
+// Layout guards: the kernel and the agent agree on these sizes, and no
+// field leaves padding behind it.
+const _: () = assert!(core::mem::size_of::<EventHeader>() == 48);
+const _: () = assert!(
+    core::mem::size_of::<CniExecData>()
+        == 4 * 4 + CNI_COMMAND_LEN + CNI_CONTAINER_ID_LEN + CNI_NETNS_LEN + CNI_IFNAME_LEN + FILENAME_LEN
+);
+const _: () = assert!(core::mem::size_of::<Event<CniExecData>>() == 48 + 704);
 
 /// CNI_EXIT.
 #[repr(C)]

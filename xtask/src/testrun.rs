@@ -1,5 +1,7 @@
 //! Runs `cargo test`, passing its output through, and closes with one plain
 //! summary line over every test binary: `N passed, N failed, N skipped`.
+//! A test that returned early because the machine lacks something prints
+//! the skip marker (`agent/tests/support`): it counts as skipped, not passed.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -36,6 +38,9 @@ impl Totals {
     }
 }
 
+/// What a skipping test prints (on stderr), before its reason.
+pub const SKIP_MARKER: &str = "netreap-test-skip:";
+
 /// `cargo test <extra>` in `root`; prints the summary line last.
 pub fn cargo_test(root: &Path, extra: &[String]) -> Result<(), BuildError> {
     let mut child = Command::new("cargo")
@@ -43,8 +48,22 @@ pub fn cargo_test(root: &Path, extra: &[String]) -> Result<(), BuildError> {
         .arg("test")
         .args(extra)
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .map_err(|source| BuildError::Spawn { program: "cargo".into(), source })?;
+    // stderr passes through on its own thread, the skip reasons counted.
+    let stderr = child.stderr.take().map(|err| {
+        std::thread::spawn(move || {
+            let mut reasons = Vec::new();
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+                if let Some(reason) = line.trim().strip_prefix(SKIP_MARKER) {
+                    reasons.push(reason.trim().to_owned());
+                }
+            }
+            reasons
+        })
+    });
     let mut totals = Totals::default();
     if let Some(out) = child.stdout.take() {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
@@ -53,7 +72,12 @@ pub fn cargo_test(root: &Path, extra: &[String]) -> Result<(), BuildError> {
         }
     }
     let status = child.wait().map_err(|source| BuildError::Spawn { program: "cargo".into(), source })?;
-    println!("\n{} passed, {} failed, {} skipped", totals.passed, totals.failed, totals.ignored);
+    let skipped = stderr.and_then(|t| t.join().ok()).unwrap_or_default();
+    let passed = totals.passed.saturating_sub(skipped.len() as u64);
+    println!("\n{passed} passed, {} failed, {} skipped", totals.failed, totals.ignored + skipped.len() as u64);
+    for reason in &skipped {
+        println!("  skipped (returned early): {reason}");
+    }
     if status.success() {
         Ok(())
     } else {

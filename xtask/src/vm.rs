@@ -1,8 +1,8 @@
-//! `cargo xtask vm-test [--kernel 6.1|6.12|host|all]`: the kernel-facing
+//! `cargo xtask vm-test [--kernel 5.10|6.1|6.12|host|all]`: the kernel-facing
 //! tests inside other Linux kernels under qemu, and on this host.
 //!
 //! This machine's kernel refuses fentry/fexit, so those probe paths can only
-//! be proven in other kernels: Debian's 6.1 and 6.12 cloud kernels (BTF,
+//! be proven in other kernels: Debian's 5.10, 6.1 and 6.12 cloud kernels (BTF,
 //! trampolines allowed) boot under software emulation with an initramfs
 //! holding the project's own test binaries. Each run leaves
 //! `target/vm/artifacts/<kernel>.txt` (the `netreap probes` report) and
@@ -27,10 +27,10 @@ use std::{
 use crate::{BuildError, Workspace, system, toolchain::run};
 
 const USAGE: &str = "\
-usage: cargo xtask vm-test [--kernel 6.1|6.12|host|all] [--timeout SECS]
+usage: cargo xtask vm-test [--kernel 5.10|6.1|6.12|host|all] [--timeout SECS]
 
 Runs the kernel-facing tests (probe loading and events, BTF offsets, the
-reclaim lab) in Debian's 6.1 and 6.12 cloud kernels under qemu (TCG) and on
+reclaim lab) in Debian's 5.10, 6.1 and 6.12 cloud kernels under qemu (TCG) and on
 this host. Kernels are cached under target/vm/kernels; artifacts go to
 target/vm/artifacts. --timeout bounds each guest (default 300 s).
 ";
@@ -320,13 +320,17 @@ mod tests {
     #[test]
     fn kernel_choices() {
         let Ok(Mode::Matrix { targets, bound }) = parse_args(&args(&[])) else { panic!() };
-        assert_eq!(targets, [Target::Vm("6.1".into()), Target::Vm("6.12".into()), Target::Host]);
+        assert_eq!(
+            targets,
+            [Target::Vm("5.10".into()), Target::Vm("6.1".into()), Target::Vm("6.12".into()), Target::Host]
+        );
         assert_eq!(bound, DEFAULT_BOUND);
         let Ok(Mode::Matrix { targets, bound }) = parse_args(&args(&["--kernel", "6.12", "--timeout", "60"])) else {
             panic!()
         };
         assert_eq!((targets, bound), (vec![Target::Vm("6.12".into())], Duration::from_mins(1)));
-        assert!(parse_args(&args(&["--kernel", "5.10"])).is_err());
+        assert!(parse_args(&args(&["--kernel", "5.10"])).is_ok());
+        assert!(parse_args(&args(&["--kernel", "4.19"])).is_err());
         assert!(parse_args(&args(&["--kernel"])).is_err());
         assert_eq!(parse_args(&args(&["--guest", "/netreap/plan"])).ok(), Some(Mode::Guest("/netreap/plan".into())));
     }

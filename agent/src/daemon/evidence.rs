@@ -184,6 +184,19 @@ pub fn observations(
             });
         }
     }
+    // Runs whose environment was not read to CNI_CONTAINERID: unknown, so
+    // in flight for every container (the engine's wildcard).
+    for op in ledger.unattributed_runs() {
+        obs.cni_ops.push(CniOp {
+            container_id: None,
+            container_id_truncated: false,
+            command: op.command.clone(),
+            plugin: op.plugin.clone(),
+            started_at: op.started_at,
+            finished_at: op.finished_at,
+            exit_code: None,
+        });
+    }
     add_cache_bindings(&mut obs, snapshot, ledger, cache, cache_first_seen);
     obs
 }
@@ -315,6 +328,9 @@ mod tests {
                 netns: Some(v(netns)),
                 ifname: Some(v("eth0")),
                 env_scan_limited: false,
+                env_scanned: 10,
+                uid: 0,
+                scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
             },
         };
         ledger.observe(&exec, t, &Inode(inode));
@@ -464,6 +480,9 @@ mod tests {
                 netns: Some(v("/run/netns/x")),
                 ifname: Some(v("eth0")),
                 env_scan_limited: false,
+                env_scanned: 10,
+                uid: 0,
+                scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
             },
         };
         ledger.observe(&exec, t, &InodeNsid);

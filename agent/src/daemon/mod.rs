@@ -29,6 +29,7 @@ use crate::{
         probes::{ProbeState, Probes},
         stream::KernelStream,
     },
+    kernel::cni_runs::CniRunFilter,
     ledger::{
         Ledger, StatResolver,
         persist::{self, Window},
@@ -73,6 +74,9 @@ impl StateDoc {
     }
 }
 
+/// Distinct CNI-run anomalies logged at warn; later ones go to debug.
+const MAX_LOGGED_CNI_ANOMALIES: usize = 256;
+
 /// Key of a reservation across reconciles: its file.
 type ReservationKey = PathBuf;
 
@@ -102,6 +106,10 @@ struct Agent {
     cache_first_seen: evidence::FirstSeen,
     /// The ledger changed since /state last showed it.
     attachments_dirty: bool,
+    /// Only CNI runs it admits reach the ledger.
+    cni_filter: CniRunFilter,
+    /// (reason, binary) of CNI-run anomalies already logged at warn.
+    cni_anomalies_logged: std::collections::HashSet<(&'static str, String)>,
     /// What survives a restart (see `restore`).
     memory: Memory,
     /// Resolves CNI_NETNS paths (through the host's root in a container).
@@ -204,6 +212,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         verdicts: HashMap::new(),
         cache_first_seen: evidence::FirstSeen::new(),
         anomalies: std::collections::HashSet::new(),
+        cni_filter: CniRunFilter::new(&config.cni_bin_dirs),
+        cni_anomalies_logged: std::collections::HashSet::new(),
         attachments_dirty: false,
         memory: Memory::default(),
         resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
@@ -250,7 +260,20 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
 pub fn log_probe_status(probes: &Probes) {
     for s in &probes.status {
         match &s.state {
-            ProbeState::Active => info!(probe = s.spec.program, attach = %s.spec.attach, "probe active"),
+            ProbeState::Active => {
+                if let Some(i) = &s.implementation {
+                    info!(
+                        probe = s.spec.program,
+                        attach = %s.spec.attach,
+                        implementation = i.active,
+                        primary_refused = i.primary_refused.as_deref(),
+                        limits = i.note,
+                        "probe active"
+                    );
+                } else {
+                    info!(probe = s.spec.program, attach = %s.spec.attach, "probe active");
+                }
+            }
             ProbeState::Unavailable(reason) => warn!(
                 probe = s.spec.program,
                 attach = %s.spec.attach,
@@ -502,6 +525,11 @@ impl Agent {
         for record in batch {
             match record {
                 Ok(event) => {
+                    if !self.admit_cni_run(&event)? {
+                        self.events.emit(self.clock.wall(event.task().ktime_ns), event.name(), &event)?;
+                        decoded.push(event);
+                        continue;
+                    }
                     if let KernelEvent::CniExit { task, exit } = &event {
                         tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
                     }
@@ -529,6 +557,48 @@ impl Agent {
             self.memory.dirty = true;
         }
         Ok(cni_finished)
+    }
+
+    /// The CNI-run filter, before the ledger: false for an exec record that
+    /// is not a CNI plugin run (reported as an anomaly; the ledger never
+    /// sees it). A run whose environment scan was cut short is counted.
+    fn admit_cni_run(&mut self, event: &KernelEvent) -> anyhow::Result<bool> {
+        let KernelEvent::CniExec { task, exec } = event else { return Ok(true) };
+        if let Err(anomaly) = self.cni_filter.admit(event) {
+            self.metrics.cni_exec_anomaly(anomaly.reason());
+            // Logged once per (reason, binary): plugins' helper processes
+            // (iptables, sh) inherit CNI_COMMAND and would flood the log.
+            let first = self.cni_anomalies_logged.len() < MAX_LOGGED_CNI_ANOMALIES
+                && self.cni_anomalies_logged.insert((anomaly.reason(), anomaly.binary().to_owned()));
+            if first {
+                warn!(pid = task.tgid, comm = %task.comm, "not a CNI run, ignored: {anomaly}");
+            } else {
+                tracing::debug!(pid = task.tgid, comm = %task.comm, "not a CNI run, ignored: {anomaly}");
+            }
+            self.events.emit(
+                self.clock.wall(task.ktime_ns),
+                "cni_exec_anomaly",
+                &json!({
+                    "pid": task.tgid,
+                    "comm": task.comm,
+                    "anomaly": anomaly,
+                    "command": exec.command.value,
+                    "container_id": exec.container_id.as_ref().map(|v| &v.value),
+                    "uid": exec.uid,
+                }),
+            )?;
+            return Ok(false);
+        }
+        if exec.env_scan_limited {
+            self.metrics.cni_env_scan_limited();
+            warn!(
+                pid = task.tgid,
+                binary = %exec.binary.value,
+                scanned = exec.env_scanned,
+                "the kernel read only part of this CNI run's environment: kept as unknown, in flight"
+            );
+        }
+        Ok(true)
     }
 
     fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<()> {

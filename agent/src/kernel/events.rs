@@ -4,7 +4,7 @@
 use std::mem::size_of;
 
 use netreap_common::{
-    CniExecData, CniExitData, Event, EventHeader, NetnsData, cni_flag, kind, via,
+    CniExecData, CniExitData, Event, EventHeader, NetnsData, cni_flag, kind, scan_variant, via,
 };
 use serde::Serialize;
 
@@ -20,6 +20,8 @@ pub enum DecodeError {
     HeaderLength { header_len: u32, len: usize },
     #[error("netns record names unknown origin {0}")]
     UnknownVia(u32),
+    #[error("CNI exec record names unknown scan variant {0}")]
+    UnknownScanVariant(u32),
 }
 
 /// Who did it: the task that ran when the kernel emitted the record.
@@ -60,6 +62,26 @@ impl NetnsVia {
     }
 }
 
+/// Which kernel program read a CNI run's environment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvScanVariant {
+    /// One bpf_loop (Linux 5.17+).
+    BpfLoop,
+    /// Bounded loops chained by tail calls (Linux 5.10).
+    TailCalls,
+}
+
+impl EnvScanVariant {
+    fn from_raw(raw: u32) -> Result<Self, DecodeError> {
+        match raw {
+            scan_variant::BPF_LOOP => Ok(Self::BpfLoop),
+            scan_variant::TAIL_CALLS => Ok(Self::TailCalls),
+            other => Err(DecodeError::UnknownScanVariant(other)),
+        }
+    }
+}
+
 /// A CNI value read from the plugin's environment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CniValue {
@@ -76,8 +98,15 @@ pub struct CniExec {
     pub container_id: Option<CniValue>,
     pub netns: Option<CniValue>,
     pub ifname: Option<CniValue>,
-    /// The environment had more strings than the kernel scans.
+    /// The kernel's scan stopped before the end of the environment: a CNI_
+    /// value (even CNI_COMMAND) may be missing. Such a run is unknown, never
+    /// absent.
     pub env_scan_limited: bool,
+    /// Environment strings the kernel read.
+    pub env_scanned: u32,
+    /// Real uid of the process after exec.
+    pub uid: u32,
+    pub scan_variant: EnvScanVariant,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -211,6 +240,9 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
                     netns: value(&d.netns, cni_flag::HAS_NETNS, cni_flag::NETNS_TRUNCATED),
                     ifname: value(&d.ifname, cni_flag::HAS_IFNAME, cni_flag::IFNAME_TRUNCATED),
                     env_scan_limited: has(cni_flag::ENV_SCAN_LIMIT),
+                    env_scanned: d.env_scanned,
+                    uid: d.uid,
+                    scan_variant: EnvScanVariant::from_raw(d.scan_variant)?,
                 },
             }
         }
@@ -261,6 +293,8 @@ mod tests {
         let mut d = CniExecData {
             flags,
             env_scanned: 12,
+            uid: 0,
+            scan_variant: scan_variant::BPF_LOOP,
             command: [0; 16],
             container_id: [0; 128],
             netns: [0; 256],

@@ -2,6 +2,7 @@
 //! loader, ring-buffer decoding and the async record stream.
 
 pub mod btf;
+pub mod cni_runs;
 pub mod events;
 pub mod probes;
 pub mod stream;

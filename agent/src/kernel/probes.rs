@@ -5,7 +5,7 @@ use std::{fmt, io};
 
 use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{FEntry, FExit, ProgramError, TracePoint},
 };
 use netreap_common::KernelOffsets;
@@ -46,11 +46,51 @@ pub struct ProbeSpec {
     pub observes: &'static str,
     /// What covers for it when an optional probe is refused.
     pub fallback: &'static str,
+    /// A second implementation for kernels that refuse `program`, tried
+    /// when loading it fails.
+    pub variant: Option<Variant>,
+}
+
+/// An older-kernel implementation of a probe: `entry` is attached in place
+/// of the probe's program, `tail` goes into slot 0 of the program array
+/// `tail_map` (a chain of tail calls).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Variant {
+    pub name: &'static str,
+    pub entry: &'static str,
+    pub tail: &'static str,
+    pub tail_map: &'static str,
+    /// Name of the probe's own implementation, for reports.
+    pub primary_name: &'static str,
+    /// What the variant gives up against the primary one.
+    pub limits: &'static str,
+    /// What is lost when neither loads.
+    pub lost: &'static str,
 }
 
 const fn tp(program: &'static str, category: &'static str, name: &'static str, observes: &'static str) -> ProbeSpec {
-    ProbeSpec { program, attach: Attach::Tracepoint { category, name }, required: true, observes, fallback: "" }
+    ProbeSpec {
+        program,
+        attach: Attach::Tracepoint { category, name },
+        required: true,
+        observes,
+        fallback: "",
+        variant: None,
+    }
 }
+
+/// The CNI environment scan for kernels without bpf_loop (before 5.17).
+pub const ENV_SCAN_TAIL_CALLS: Variant = Variant {
+    name: "tail_calls",
+    entry: "netreap_cni_exec_chained",
+    tail: "netreap_cni_exec_next",
+    tail_map: "ENV_TAIL",
+    primary_name: "bpf_loop",
+    limits: "reads the first 4,352 environment strings (128 per program run, 34 runs: measured on 5.10 and 6.18); a longer \
+             environment is reported as scan-limited and its run is kept as unknown",
+    lost: "the CNI ledger: no container-to-netns binding from plugin runs (a failed ADD binds nothing), \
+           no in-flight detection; bindings come only from the CNI cache and the runtime",
+};
 
 /// Every probe netreap knows, in load order.
 pub const PROBES: &[ProbeSpec] = &[
@@ -60,7 +100,10 @@ pub const PROBES: &[ProbeSpec] = &[
     tp("netreap_exit_clone3", "syscalls", "sys_exit_clone3", "clone3(CLONE_NEWNET): the child's new netns"),
     tp("netreap_enter_setns", "syscalls", "sys_enter_setns", "setns: remembers the caller's netns"),
     tp("netreap_exit_setns", "syscalls", "sys_exit_setns", "setns: the netns entered, when it changed"),
-    tp("netreap_cni_exec", "sched", "sched_process_exec", "CNI plugin runs: CNI_COMMAND/CONTAINERID/NETNS/IFNAME"),
+    ProbeSpec {
+        variant: Some(ENV_SCAN_TAIL_CALLS),
+        ..tp("netreap_cni_exec", "sched", "sched_process_exec", "CNI plugin runs: CNI_COMMAND/CONTAINERID/NETNS/IFNAME")
+    },
     tp("netreap_cni_exit", "sched", "sched_process_exit", "CNI plugin exit codes"),
     ProbeSpec {
         program: "netreap_copy_net_ns",
@@ -68,6 +111,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         observes: "every netns creation, whatever the syscall",
         fallback: "syscall tracepoints (unshare, clone, clone3, setns) report creation",
+        variant: None,
     },
     ProbeSpec {
         program: "netreap_put_net",
@@ -75,6 +119,7 @@ pub const PROBES: &[ProbeSpec] = &[
         required: false,
         observes: "the exact moment a netns's last reference drops",
         fallback: "rtnetlink RTM_DELNSID reports netns death",
+        variant: None,
     },
 ];
 
@@ -112,6 +157,22 @@ pub struct ProbeStatus {
     pub spec: ProbeSpec,
     #[serde(flatten)]
     pub state: ProbeState,
+    /// For a probe with a [`Variant`]: which implementation runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub implementation: Option<Implementation>,
+}
+
+/// Which implementation of a probe with a variant is active, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Implementation {
+    /// `bpf_loop` or `tail_calls`; None when neither loaded.
+    pub active: Option<&'static str>,
+    /// Why the primary implementation was refused (None when it runs).
+    pub primary_refused: Option<String>,
+    /// Why the variant was refused too (None unless both failed).
+    pub variant_refused: Option<String>,
+    /// What the active implementation gives up, or what is lost.
+    pub note: Option<&'static str>,
 }
 
 /// The verifier's log can be megabytes; its last lines say why.
@@ -119,7 +180,15 @@ fn short(e: &ProgramError) -> String {
     match e {
         ProgramError::LoadError { io_error, verifier_log } => {
             let log = verifier_log.to_string();
-            let tail: Vec<&str> = log.lines().rev().filter(|l| !l.trim().is_empty()).take(3).collect();
+            // The verifier ends with statistics lines; the reason is above them.
+            let is_stats = |l: &str| {
+                let l = l.trim();
+                l.is_empty()
+                    || l.starts_with("verification time")
+                    || l.starts_with("stack depth")
+                    || l.starts_with("processed ")
+            };
+            let tail: Vec<&str> = log.lines().rev().filter(|l| !is_stats(l)).take(3).collect();
             let tail: Vec<&str> = tail.into_iter().rev().collect();
             if tail.is_empty() {
                 format!("BPF_PROG_LOAD: {io_error}")
@@ -159,6 +228,97 @@ fn trampoline_btf(btf: Option<&AyaBtf>) -> Result<&AyaBtf, ProgramError> {
     })
 }
 
+fn load_tracepoint(prog: &mut aya::programs::Program, category: &str, name: &str) -> Result<(), ProgramError> {
+    <&mut TracePoint>::try_from(prog).and_then(|p| {
+        p.load()?;
+        p.attach(category, name).map(drop)
+    })
+}
+
+/// Loads the probe's own program; when the kernel refuses it, the variant
+/// (its tail program into the program array, then its entry, attached).
+fn load_with_variant(
+    ebpf: &mut Ebpf,
+    spec: &ProbeSpec,
+    variant: Variant,
+    (category, name): (&'static str, &'static str),
+    force_variant: bool,
+) -> Result<(ProbeState, Implementation), ProbeError> {
+    let prog = ebpf.program_mut(spec.program).ok_or(ProbeError::MissingProgram(spec.program))?;
+    let primary = if force_variant {
+        Err("not tried (the variant was asked for)".to_owned())
+    } else {
+        load_tracepoint(prog, category, name).map_err(|e| explain(&e, spec.attach))
+    };
+    let primary_refused = match primary {
+        Ok(()) => {
+            let implementation = Implementation {
+                active: Some(variant.primary_name),
+                primary_refused: None,
+                variant_refused: None,
+                note: None,
+            };
+            return Ok((ProbeState::Active, implementation));
+        }
+        Err(reason) => reason,
+    };
+    // Unload what may have half-loaded so the kernel keeps no second copy.
+    if let Some(p) = ebpf.program_mut(spec.program).and_then(|p| <&mut TracePoint>::try_from(p).ok()) {
+        let _ = p.unload();
+    }
+    let result = load_variant(ebpf, variant, category, name);
+    Ok(match result {
+        Ok(()) => (
+            ProbeState::Active,
+            Implementation {
+                active: Some(variant.name),
+                primary_refused: Some(primary_refused),
+                variant_refused: None,
+                note: Some(variant.limits),
+            },
+        ),
+        Err(VariantError::Missing(what)) => return Err(what),
+        Err(VariantError::Refused(reason)) => (
+            ProbeState::Unavailable(format!(
+                "{} refused ({primary_refused}); {} refused ({reason})",
+                variant.primary_name, variant.name
+            )),
+            Implementation {
+                active: None,
+                primary_refused: Some(primary_refused),
+                variant_refused: Some(reason),
+                note: Some(variant.lost),
+            },
+        ),
+    })
+}
+
+enum VariantError {
+    /// The object lacks a program or map: a build error, never a kernel's.
+    Missing(ProbeError),
+    Refused(String),
+}
+
+fn load_variant(ebpf: &mut Ebpf, variant: Variant, category: &str, name: &str) -> Result<(), VariantError> {
+    let attach = Attach::Tracepoint { category: "", name: "" };
+    let tail = ebpf.program_mut(variant.tail).ok_or(VariantError::Missing(ProbeError::MissingProgram(variant.tail)))?;
+    let tail = <&mut TracePoint>::try_from(tail).map_err(|e| VariantError::Refused(e.to_string()))?;
+    tail.load().map_err(|e| VariantError::Refused(format!("{}: {}", variant.tail, explain(&e, attach))))?;
+    let tail_fd = tail.fd().map_err(|e| VariantError::Refused(e.to_string()))?.try_clone().map_err(|e| {
+        VariantError::Refused(format!("{}: {e}", variant.tail))
+    })?;
+    let map = ebpf
+        .map_mut(variant.tail_map)
+        .ok_or(VariantError::Missing(ProbeError::MissingMap(variant.tail_map)))?;
+    let mut slots: ProgramArray<&mut MapData> = ProgramArray::try_from(map)
+        .map_err(|e| VariantError::Missing(ProbeError::Map { name: variant.tail_map, source: Box::new(e) }))?;
+    slots.set(0, &tail_fd, 0).map_err(|e| VariantError::Refused(format!("{}: {e}", variant.tail_map)))?;
+    let entry =
+        ebpf.program_mut(variant.entry).ok_or(VariantError::Missing(ProbeError::MissingProgram(variant.entry)))?;
+    load_tracepoint(entry, category, name)
+        .map_err(|e| VariantError::Refused(format!("{}: {}", variant.entry, explain(&e, attach))))
+}
+
 /// Loaded programs, with their maps still in the object.
 pub struct Probes {
     ebpf: Ebpf,
@@ -170,16 +330,24 @@ impl Probes {
     /// Resolves offsets from BTF, loads the object and attaches every probe
     /// the kernel accepts. Fails only when a required probe fails.
     pub fn load() -> Result<Self, ProbeError> {
-        Self::load_with(true)
+        Self::load_with(true, false)
     }
 
     /// Like [`Probes::load`], but a failing required probe is recorded in
     /// `status` instead of failing the load: the `netreap probes` report.
     pub fn survey() -> Result<Self, ProbeError> {
-        Self::load_with(false)
+        Self::load_with(false, false)
     }
 
-    fn load_with(strict: bool) -> Result<Self, ProbeError> {
+    /// Like [`Probes::load`], but every probe with a [`Variant`] runs its
+    /// variant even where the kernel accepts its own program: proves the
+    /// older kernels' code path on any kernel (tests, `netreap probes
+    /// --variants`).
+    pub fn load_variants() -> Result<Self, ProbeError> {
+        Self::load_with(true, true)
+    }
+
+    fn load_with(strict: bool, force_variants: bool) -> Result<Self, ProbeError> {
         match super::tracefs::ensure_mounted().map_err(ProbeError::Tracefs)? {
             super::tracefs::Tracefs::MountedBy(dir) => tracing::info!("mounted tracefs on {dir}"),
             super::tracefs::Tracefs::AlreadyMounted(_) => {}
@@ -203,12 +371,18 @@ impl Probes {
             .flatten();
         let mut status = Vec::with_capacity(PROBES.len());
         for spec in PROBES {
+            if let (Some(variant), Attach::Tracepoint { category, name }) = (spec.variant, spec.attach) {
+                let (state, implementation) =
+                    load_with_variant(&mut ebpf, spec, variant, (category, name), force_variants)?;
+                if let (ProbeState::Unavailable(reason), true, true) = (&state, spec.required, strict) {
+                    return Err(ProbeError::Required { program: spec.program, attach: spec.attach, reason: reason.clone() });
+                }
+                status.push(ProbeStatus { spec: *spec, state, implementation: Some(implementation) });
+                continue;
+            }
             let prog = ebpf.program_mut(spec.program).ok_or(ProbeError::MissingProgram(spec.program))?;
             let result: Result<(), ProgramError> = match spec.attach {
-                Attach::Tracepoint { category, name } => <&mut TracePoint>::try_from(prog).and_then(|p| {
-                    p.load()?;
-                    p.attach(category, name).map(drop)
-                }),
+                Attach::Tracepoint { category, name } => load_tracepoint(prog, category, name),
                 Attach::FEntry { function } => trampoline_btf(aya_btf.as_ref()).and_then(|b| {
                     let p = <&mut FEntry>::try_from(prog)?;
                     p.load(function, b)?;
@@ -231,9 +405,16 @@ impl Probes {
                 }
                 Err(e) => ProbeState::Unavailable(explain(&e, spec.attach)),
             };
-            status.push(ProbeStatus { spec: *spec, state });
+            status.push(ProbeStatus { spec: *spec, state, implementation: None });
         }
         Ok(Self { ebpf, offsets, status })
+    }
+
+    /// The implementation of `program`'s probe that runs (None: a probe
+    /// without variants, or none loaded).
+    #[must_use]
+    pub fn implementation(&self, program: &str) -> Option<&'static str> {
+        self.status.iter().find(|s| s.spec.program == program)?.implementation.as_ref()?.active
     }
 
     /// Is the optional probe for `program` running?

@@ -186,6 +186,10 @@ pub struct Ledger {
     by_container: HashMap<String, Attachment>,
     /// Running plugin processes -> their container.
     running: HashMap<u32, String>,
+    /// Runs whose environment the kernel could not read to its end and
+    /// that named no container: unknown, so in flight for every container
+    /// until their process exits. Keyed by pid; reaped with the process.
+    unattributed: HashMap<u32, CniOperation>,
 }
 
 impl Ledger {
@@ -203,11 +207,16 @@ impl Ledger {
     ) -> Option<&Attachment> {
         match event {
             KernelEvent::CniExec { task, exec } => {
-                let container_id = exec.container_id.as_ref()?.value.clone();
+                let at = wall(task.ktime_ns);
+                let container_id = exec.container_id.as_ref().map(|v| v.value.clone()).unwrap_or_default();
+                // A process exec'ing again ends what it ran before.
+                self.unattributed.remove(&task.tgid);
                 if container_id.is_empty() {
+                    if exec.env_scan_limited {
+                        self.track_unattributed(task, exec, at);
+                    }
                     return None;
                 }
-                let at = wall(task.ktime_ns);
                 let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
                 let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p, Some(task.tgid)));
                 let netns_nsid = netns_path
@@ -277,6 +286,9 @@ impl Ledger {
                 Some(entry)
             }
             KernelEvent::CniExit { task, exit } => {
+                if self.unattributed.remove(&task.tgid).is_some() {
+                    return None;
+                }
                 let container_id = self.running.remove(&task.tgid)?;
                 let entry = self.by_container.get_mut(&container_id)?;
                 finish(entry, task.tgid, wall(task.ktime_ns), Some(exit.clone()), false);
@@ -289,6 +301,7 @@ impl Ledger {
     /// Closes operations whose process is gone although no exit was seen
     /// (a dropped record, or an agent restart); `alive(pid)` checks /proc.
     pub fn reap_vanished(&mut self, now: SystemTime, alive: impl Fn(u32) -> bool) -> usize {
+        self.unattributed.retain(|pid, _| alive(*pid));
         let gone: Vec<(u32, String)> =
             self.running.iter().filter(|(pid, _)| !alive(**pid)).map(|(p, c)| (*p, c.clone())).collect();
         for (pid, container) in &gone {
@@ -300,10 +313,41 @@ impl Ledger {
         gone.len()
     }
 
+    /// Runs in flight whose container is unknown (the kernel's environment
+    /// scan stopped before CNI_CONTAINERID): each concerns every container.
+    pub fn unattributed_runs(&self) -> impl Iterator<Item = &CniOperation> {
+        self.unattributed.values()
+    }
+
+    fn track_unattributed(&mut self, task: &crate::kernel::events::Task, exec: &crate::kernel::events::CniExec, at: SystemTime) {
+        // Ends the run this process was in, if any (see the exec path).
+        if let Some(previous) = self.running.remove(&task.tgid)
+            && let Some(prev) = self.by_container.get_mut(&previous)
+        {
+            finish(prev, task.tgid, at, None, true);
+        }
+        self.unattributed.insert(
+            task.tgid,
+            CniOperation {
+                command: exec.command.value.clone(),
+                plugin: exec.binary.value.clone(),
+                pid: task.tgid,
+                started_at: at,
+                started_ktime_ns: task.ktime_ns,
+                finished_at: None,
+                exit: None,
+                exit_unobserved: false,
+                ifname: None,
+                netns_path: None,
+                truncated: true,
+            },
+        );
+    }
+
     /// A CNI run of this process is in the ledger and not finished.
     #[must_use]
     pub fn is_running(&self, pid: u32) -> bool {
-        self.running.contains_key(&pid)
+        self.running.contains_key(&pid) || self.unattributed.contains_key(&pid)
     }
 
     #[must_use]
@@ -399,6 +443,9 @@ mod tests {
                 netns: Some(v("/var/run/netns/cni-1")),
                 ifname: Some(v("eth0")),
                 env_scan_limited: false,
+                env_scanned: 10,
+                uid: 0,
+                scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
             },
         }
     }
@@ -463,6 +510,40 @@ mod tests {
         exec.container_id = None;
         assert!(l.observe(&KernelEvent::CniExec { task, exec }, wall, &FixedResolver(None)).is_none());
         assert!(l.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_scan_limited_run_without_container_is_in_flight_for_all_until_it_exits() {
+        let mut l = Ledger::new();
+        let KernelEvent::CniExec { task, exec: mut e } = exec(10, 1, "", "") else { unreachable!() };
+        e.container_id = None;
+        e.env_scan_limited = true;
+        assert!(l.observe(&KernelEvent::CniExec { task, exec: e }, wall, &FixedResolver(None)).is_none());
+        let runs: Vec<&CniOperation> = l.unattributed_runs().collect();
+        assert_eq!(runs.len(), 1, "kept as unknown, never absent");
+        assert!(runs[0].in_flight());
+        assert!(l.is_running(10));
+        l.observe(&exit(10, 2, 0), wall, &FixedResolver(None));
+        assert_eq!(l.unattributed_runs().count(), 0, "its exit ends it");
+        // A vanished process ends it too.
+        let KernelEvent::CniExec { task, exec: mut e } = exec(11, 3, "", "") else { unreachable!() };
+        e.container_id = None;
+        e.env_scan_limited = true;
+        l.observe(&KernelEvent::CniExec { task, exec: e }, wall, &FixedResolver(None));
+        l.reap_vanished(wall(4), |_| true);
+        assert_eq!(l.unattributed_runs().count(), 1);
+        l.reap_vanished(wall(5), |_| false);
+        assert_eq!(l.unattributed_runs().count(), 0);
+    }
+
+    #[test]
+    fn a_scan_limited_run_with_its_container_is_an_operation_in_flight() {
+        let mut l = Ledger::new();
+        let KernelEvent::CniExec { task, mut exec } = exec(10, 1, "", "c1") else { unreachable!() };
+        exec.env_scan_limited = true;
+        exec.netns = None;
+        l.observe(&KernelEvent::CniExec { task, exec }, wall, &FixedResolver(None));
+        assert!(l.get("c1").expect("recorded").in_flight());
     }
 
     #[test]

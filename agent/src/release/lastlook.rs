@@ -4,11 +4,12 @@
 //! running. The decision was made on the model, which lags by whatever is
 //! still queued; the last look rests on this moment's kernel.
 //!
-//! The kernel's answers are gathered once per batch, on the first check, and
-//! each reservation is then checked under its lock. That is sound for
-//! host-local: its ADD picks an IP under the same lock and skips every IP
-//! that has a file, so the IP being released cannot be handed out and
-//! configured between the look and the unlink.
+//! The kernel is asked anew under each file's lock. A look shared by a
+//! batch is not enough: the spin model (`verify/`) found that a file
+//! re-created at once for the same container (the inode reused, the coarse
+//! mtime the same) passes the identity check under the lock, and its IP may
+//! have been configured after a look taken earlier. Asked under the lock,
+//! the kernel's answer postdates anything the plugin did to that file.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -67,7 +68,6 @@ pub struct KernelLook {
     ledger_in_flight: HashSet<String>,
     cni_bin_dirs: Vec<PathBuf>,
     proc_root: PathBuf,
-    gathered: Option<Result<Gathered, String>>,
 }
 
 struct Gathered {
@@ -94,7 +94,6 @@ impl KernelLook {
             ledger_in_flight,
             cni_bin_dirs,
             proc_root: PathBuf::from("/proc"),
-            gathered: None,
         }
     }
 
@@ -177,14 +176,7 @@ impl Default for KernelLook {
 
 impl LastLook for KernelLook {
     fn before_unlink(&mut self, r: &Reservation) -> Result<(), LookFound> {
-        if self.gathered.is_none() {
-            self.gathered = Some(self.gather());
-        }
-        let gathered = match self.gathered.as_ref() {
-            Some(Ok(g)) => g,
-            Some(Err(error)) => return Err(LookFound::Unavailable { error: error.clone() }),
-            None => return Err(LookFound::Unavailable { error: "not gathered".into() }),
-        };
+        let gathered = self.gather().map_err(|error| LookFound::Unavailable { error })?;
         if let Some(places) = gathered.ips.get(&r.ip) {
             return Err(LookFound::IpConfigured { netns: places.clone() });
         }

@@ -43,6 +43,11 @@ struct CniLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: String,
 }
@@ -60,6 +65,8 @@ struct Inner {
     netns_alive: Gauge,
     netns_destroyed: Counter,
     cni_operations: Family<CniLabels, Counter>,
+    cni_exec_anomalies: Family<ReasonLabels, Counter>,
+    cni_env_scans_limited: Counter,
     ringbuf_drops: Counter,
     resyncs: Family<SourceLabels, Counter>,
     death_to_release: Histogram,
@@ -116,6 +123,19 @@ impl Metrics {
             "CNI plugin runs seen in the kernel, by command and result",
             cni_operations.clone(),
         );
+        let cni_exec_anomalies = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "cni_exec_anomalies",
+            "Processes carrying CNI_COMMAND that are not CNI plugin runs (not a binary in a CNI bin dir, \
+             or not root), by reason; they change nothing",
+            cni_exec_anomalies.clone(),
+        );
+        let cni_env_scans_limited = Counter::default();
+        registry.register(
+            "cni_env_scans_limited",
+            "CNI runs whose environment the kernel could not read to its end (kept as unknown, in flight)",
+            cni_env_scans_limited.clone(),
+        );
         let ringbuf_drops = Counter::default();
         registry.register(
             "ringbuf_drops",
@@ -157,6 +177,8 @@ impl Metrics {
                 netns_alive,
                 netns_destroyed,
                 cni_operations,
+                cni_exec_anomalies,
+                cni_env_scans_limited,
                 ringbuf_drops,
                 resyncs,
                 death_to_release,
@@ -214,6 +236,17 @@ impl Metrics {
     pub fn cni_operation(&self, command: &str, result: &str) {
         let labels = CniLabels { command: command.to_owned(), result: result.to_owned() };
         self.inner.cni_operations.get_or_create(&labels).inc();
+    }
+
+    /// One exec record not believed as a CNI run (`reason`: outside_bin_dirs,
+    /// not_root, uncheckable_path, path_truncated).
+    pub fn cni_exec_anomaly(&self, reason: &str) {
+        self.inner.cni_exec_anomalies.get_or_create(&ReasonLabels { reason: reason.to_owned() }).inc();
+    }
+
+    /// One CNI exec record whose environment scan stopped early.
+    pub fn cni_env_scan_limited(&self) {
+        self.inner.cni_env_scans_limited.inc();
     }
 
     /// `count` more kernel records lost to a full ring buffer.

@@ -19,10 +19,7 @@ pub const DEBIAN_PLUGINS: &str = "/usr/lib/cni";
 /// CNI plugin binaries from Debian's containernetworking-plugins.
 pub fn cni_plugins_present() -> bool {
     let ok = ["bridge", "host-local"].iter().all(|p| Path::new(DEBIAN_PLUGINS).join(p).is_file());
-    if !ok {
-        eprintln!("skip: Debian's containernetworking-plugins are not installed (cargo xtask test installs them)");
-    }
-    ok
+    ok || super::skip("Debian's containernetworking-plugins are not installed (cargo xtask test installs them)")
 }
 
 fn ip(args: &[&str]) -> bool {
@@ -147,7 +144,17 @@ impl Lab {
             self.cache_dir.join("results").into(),
             "--state-dir".into(),
             self.state_dir.clone().into(),
+            // Only runs of binaries in these dirs count as CNI runs.
+            "--cni-bin-dir".into(),
+            self.plugin_dir().into(),
+            "--cni-bin-dir".into(),
+            DEBIAN_PLUGINS.into(),
         ]
+    }
+
+    /// The lab's own test plugins (failing, slow-ipam, slow-chain).
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.dir.path().join("plugins")
     }
 
     pub fn pod(&self) -> Pod {

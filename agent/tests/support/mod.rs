@@ -10,17 +10,32 @@ use std::time::{Duration, Instant};
 
 use netreap::kernel::{events::KernelEvent, probes::Probes, stream::KernelStream};
 
+/// The marker `cargo xtask test` counts: a test that returned early
+/// because the machine lacks something is reported as skipped, never as
+/// passed.
+pub const SKIP_MARKER: &str = "netreap-test-skip:";
+
+/// A test cannot run here, for `reason`. Under CI (`CI=true`, set by
+/// `.ci/run`) that is a failure: CI machines are root with every package
+/// installed, so a test that would skip there hides a broken set-up.
+/// Elsewhere it prints the marker and returns false (the caller returns).
+pub fn skip(reason: &str) -> bool {
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("this test must run under CI, but: {reason}");
+    }
+    eprintln!("{SKIP_MARKER} {reason}");
+    false
+}
+
 /// Kernel tests need root and BTF; on these machines CI is root, so they run.
 /// Elsewhere they say why they skip.
 pub fn kernel_tests_possible() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skip: needs root (CAP_BPF, CAP_SYS_ADMIN) to load eBPF probes");
-        return false;
+        return skip("needs root (CAP_BPF, CAP_SYS_ADMIN) to load eBPF probes");
     }
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        eprintln!("skip: kernel has no BTF (/sys/kernel/btf/vmlinux)");
-        return false;
+        return skip("kernel has no BTF (/sys/kernel/btf/vmlinux)");
     }
     true
 }
@@ -38,7 +53,26 @@ pub struct Watch {
 }
 
 pub fn watch() -> Watch {
-    let mut probes = Probes::load().expect("probes load on this kernel");
+    watch_with(Probes::load().expect("probes load on this kernel"))
+}
+
+/// Probes with the bpf_loop scan (where the kernel has it) and with the
+/// tail-call scan that 5.10 runs: both must report the same runs.
+pub fn both_scans() -> Vec<(&'static str, Watch)> {
+    let mut out = Vec::new();
+    let primary = Probes::load().expect("probes load on this kernel");
+    let name = primary.implementation("netreap_cni_exec").expect("an environment scan is active");
+    out.push((name, watch_with(primary)));
+    if name != "tail_calls" {
+        let tail = Probes::load_variants().expect("the tail-call scan loads on this kernel");
+        assert_eq!(tail.implementation("netreap_cni_exec"), Some("tail_calls"));
+        out.push(("tail_calls", watch_with(tail)));
+    }
+    out
+}
+
+/// A watch on probes loaded some other way (e.g. [`Probes::load_variants`]).
+pub fn watch_with(mut probes: Probes) -> Watch {
     let stream = KernelStream::new(&mut probes).expect("ring buffer stream");
     Watch { probes, stream, pending: std::collections::VecDeque::new() }
 }

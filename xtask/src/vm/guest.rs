@@ -106,10 +106,18 @@ fn probes_report(netreap: &Path) -> (StepOutcome, Vec<String>) {
         Ok(Some(s)) if s.success() && !rows.is_empty() => {
             let failed: Vec<&str> = rows.iter().filter(|r| r.state == "FAILED").map(|r| r.attach.as_str()).collect();
             let active = rows.iter().filter(|r| r.active()).count();
-            if failed.is_empty() {
-                StepOutcome::check(label, true, format!("{active}/{} probes active", rows.len()))
-            } else {
+            // `netreap_cni_exec: environment scan: bpf_loop` (or tail_calls ...).
+            let scan = lines
+                .iter()
+                .find_map(|l| l.split_once("environment scan: ").map(|(_, v)| v.split(' ').next().unwrap_or("")))
+                .unwrap_or("")
+                .to_owned();
+            if !failed.is_empty() {
                 StepOutcome::check(label, false, format!("required probes failed: {}", failed.join(", ")))
+            } else if scan != "bpf_loop" && scan != "tail_calls" {
+                StepOutcome::check(label, false, format!("no CNI environment scan named (got {scan:?})"))
+            } else {
+                StepOutcome::check(label, true, format!("{active}/{} probes active, environment scan {scan}", rows.len()))
             }
         }
         Ok(Some(s)) => StepOutcome::check(label, false, format!("{s}, {} probe rows", rows.len())),

@@ -2,6 +2,11 @@
 //! unpacked under `target/vm/kernels/<series>/`: a second run asks no
 //! network. The newest package of a series is taken the first time; delete
 //! the series directory to move to a newer one.
+//!
+//! 6.1 and 6.12 come from the machine's own (bookworm) sources. 5.10 lives
+//! only in `bullseye`: it is fetched through a private apt configuration
+//! under `target/vm/apt/bullseye/` (its own sources list, lists and cache
+//! dirs), so the machine's sources and package lists are never touched.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -14,7 +19,40 @@ use super::{VmError, io_err};
 use crate::toolchain::{output, run};
 
 /// The series `--kernel all` boots, oldest first.
-pub const SERIES: &[&str] = &["6.1", "6.12"];
+pub const SERIES: &[&str] = &["5.10", "6.1", "6.12"];
+
+/// Series that the machine's own sources do not carry: (series, suite).
+/// Debian 11 (bullseye) runs 5.10, as Amazon Linux 2 does.
+const OTHER_SUITES: &[(&str, &str)] = &[("5.10", "bullseye")];
+
+/// The `apt-get`/`apt-cache` options that point apt at a private
+/// configuration for `suite` under `vm_dir`, writing its sources list and
+/// creating its dirs on first use. None: the machine's own sources.
+fn apt_options(vm_dir: &Path, series: &str) -> Result<Option<Vec<String>>, VmError> {
+    let Some((_, suite)) = OTHER_SUITES.iter().find(|(s, _)| *s == series) else { return Ok(None) };
+    let dir = vm_dir.join("apt").join(suite);
+    let lists = dir.join("lists");
+    let cache = dir.join("cache");
+    for d in [lists.join("partial"), cache.join("archives").join("partial")] {
+        fs::create_dir_all(&d).map_err(io_err(&d))?;
+    }
+    let sources = dir.join("sources.list");
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    let text = format!(
+        "deb [signed-by={keyring}] http://deb.debian.org/debian {suite} main\n\
+         deb [signed-by={keyring}] http://deb.debian.org/debian-security {suite}-security main\n"
+    );
+    fs::write(&sources, text).map_err(io_err(&sources))?;
+    let empty_parts = dir.join("sources.list.d");
+    fs::create_dir_all(&empty_parts).map_err(io_err(&empty_parts))?;
+    let opt = |k: &str, v: &Path| format!("-oDir::{k}={}", v.display());
+    Ok(Some(vec![
+        opt("Etc::sourcelist", &sources),
+        opt("Etc::sourceparts", &empty_parts),
+        opt("State::Lists", &lists),
+        opt("Cache", &cache),
+    ]))
+}
 
 /// Written last: its presence means the unpacked tree is complete.
 const STAMP: &str = "package";
@@ -37,13 +75,14 @@ pub fn ensure(vm_dir: &Path, series: &str) -> Result<Kernel, VmError> {
     if let Ok(package) = fs::read_to_string(dir.join(STAMP)) {
         return locate(series, package.trim(), &root);
     }
-    let package = newest_package(series)?;
+    let apt = apt_options(vm_dir, series)?;
+    let package = newest_package(series, apt.as_deref())?;
     eprintln!("xtask: vm-test: fetching {package} (once; cached in {})", dir.display());
     let download = dir.join("download");
     let _ = fs::remove_dir_all(&download);
     let _ = fs::remove_dir_all(&root);
     fs::create_dir_all(&download).map_err(io_err(&download))?;
-    run(Command::new("apt-get").current_dir(&download).args(["download", "-q", &package]))?;
+    run(Command::new("apt-get").current_dir(&download).args(apt.iter().flatten()).args(["download", "-q", &package]))?;
     let deb = fs::read_dir(&download)
         .map_err(io_err(&download))?
         .filter_map(Result::ok)
@@ -60,16 +99,17 @@ pub fn ensure(vm_dir: &Path, series: &str) -> Result<Kernel, VmError> {
 
 /// The highest-versioned `linux-image-<series>.*-cloud-amd64` apt knows,
 /// refreshing the package lists once if it knows none.
-fn newest_package(series: &str) -> Result<String, VmError> {
+fn newest_package(series: &str, apt: Option<&[String]>) -> Result<String, VmError> {
+    let apt = apt.unwrap_or_default();
     let search = || -> Result<Option<String>, VmError> {
         let pattern = format!("^linux-image-{}\\.", series.replace('.', "\\."));
-        let out = output(Command::new("apt-cache").args(["search", "--names-only", &pattern]))?;
+        let out = output(Command::new("apt-cache").args(apt).args(["search", "--names-only", &pattern]))?;
         Ok(pick_newest(series, &out))
     };
     if let Some(p) = search()? {
         return Ok(p);
     }
-    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get").args(apt).args(["update", "-qq"]))?;
     search()?.ok_or_else(|| {
         VmError::Kernel(format!("apt knows no linux-image-{series}.*-cloud-amd64 package (check the Debian sources)"))
     })

@@ -1,0 +1,189 @@
+//! The CNI ledger from real plugin runs seen by the real probes, through
+//! the same filter the agent applies before its ledger: a failed chained
+//! ADD (containerd #12130) binds its container to its netns, and processes
+//! that only claim to be CNI runs change nothing. Runs in the qemu guests
+//! (no latency bounds), with both environment scans where the kernel has
+//! bpf_loop.
+
+#![allow(clippy::unwrap_used, reason = "tests panic with context")]
+
+mod support;
+
+use std::{
+    os::unix::{fs::MetadataExt as _, process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use netreap::{
+    kernel::{cni_runs::CniRunFilter, events::KernelEvent},
+    ledger::{Ledger, StatResolver},
+};
+use support::{
+    Watch, both_scans, kernel_tests_possible,
+    lab::{DEBIAN_PLUGINS, Lab, cni_plugins_present},
+    runtime, unique,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn wall(ktime_ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ktime_ns)
+}
+
+/// The agent's path for one record: the filter, then the ledger.
+fn feed(filter: &CniRunFilter, ledger: &mut Ledger, event: &KernelEvent) {
+    if filter.admit(event).is_ok() {
+        ledger.observe(event, wall, &StatResolver::default());
+    }
+}
+
+fn filter_for(lab: &Lab) -> CniRunFilter {
+    CniRunFilter::new(&[lab.plugin_dir(), PathBuf::from(DEBIAN_PLUGINS)])
+}
+
+fn preconditions() -> bool {
+    if !kernel_tests_possible() {
+        return false;
+    }
+    assert!(cni_plugins_present(), "Debian's containernetworking-plugins are needed (cargo xtask test installs them)");
+    true
+}
+
+/// Reads records into the ledger until `done` holds for it.
+async fn feed_until(
+    w: &mut Watch,
+    filter: &CniRunFilter,
+    ledger: &mut Ledger,
+    what: &str,
+    done: impl Fn(&Ledger) -> bool,
+) {
+    w.wait_for(WAIT, what, |e| {
+        feed(filter, ledger, e);
+        done(ledger)
+    })
+    .await;
+}
+
+#[test]
+fn a_failed_chained_add_binds_its_container_to_its_netns() {
+    if !preconditions() {
+        return;
+    }
+    runtime().block_on(async {
+        for (i, (scan, mut w)) in both_scans().into_iter().enumerate() {
+            let lab = Lab::new(&format!("10.253.{}.0/29", 20 + i));
+            let pod = lab.pod();
+            let inode = std::fs::metadata(&pod.path).expect("pod netns").ino();
+            // bridge + host-local succeed, then the chained plugin fails ADD.
+            let net = lab.network(&unique("nrEnet"), "host-local", &["failing"]);
+            assert!(lab.add(&net, &pod).is_err(), "the chained plugin fails ADD");
+            assert_eq!(lab.reservations(&net.name).len(), 1, "host-local kept the IP (the leak)");
+
+            let filter = filter_for(&lab);
+            let mut ledger = Ledger::new();
+            let failing = lab.plugin_dir().join("failing").display().to_string();
+            let cid = pod.container_id.clone();
+            feed_until(&mut w, &filter, &mut ledger, "the failing plugin's exit", |l| {
+                l.get(&cid).is_some_and(|a| a.operations.iter().any(|op| op.plugin == failing && !op.in_flight()))
+            })
+            .await;
+            let a = ledger.get(&cid).unwrap();
+            assert_eq!(a.netns_inode, Some(inode), "{scan}: bound to the pod's netns");
+            assert_eq!(a.netns_path.as_deref(), Some(pod.path.to_str().unwrap()), "{scan}");
+            let op = a.operations.iter().find(|op| op.plugin == failing).unwrap();
+            assert_eq!(op.command, "ADD", "{scan}");
+            assert_eq!(op.result(), "failure", "{scan}");
+            let bridge = a.operations.iter().find(|op| op.plugin.ends_with("/bridge")).expect("bridge ADD recorded");
+            assert_eq!(bridge.result(), "success", "{scan}");
+            assert!(!a.in_flight(), "{scan}: nothing in flight once the plugins exited");
+        }
+    });
+}
+
+/// Runs `binary` with a forged DEL of `container` and waits for it.
+fn forge(binary: &Path, args: &[&str], container: &str, netns: &str, uid: Option<u32>) -> u32 {
+    let mut cmd = Command::new(binary);
+    cmd.args(args)
+        .env_clear()
+        .env("CNI_COMMAND", "DEL")
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", DEBIAN_PLUGINS)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(uid) = uid {
+        cmd.uid(uid).gid(uid);
+    }
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{}: {e}", binary.display()));
+    let pid = child.id();
+    child.wait().expect("forged run exits");
+    pid
+}
+
+#[test]
+fn forged_cni_runs_change_nothing_in_the_ledger() {
+    if !preconditions() {
+        return;
+    }
+    runtime().block_on(async {
+        let (_, mut w) = both_scans().into_iter().next().expect("a scan");
+        let lab = Lab::new("10.253.24.0/29");
+        let pod = lab.pod();
+        let net = lab.network(&unique("nrEnet"), "host-local", &[]);
+        lab.add(&net, &pod).expect("a real ADD");
+        let filter = filter_for(&lab);
+        let mut ledger = Ledger::new();
+        let cid = pod.container_id.clone();
+        feed_until(&mut w, &filter, &mut ledger, "the real ADD's runs", |l| {
+            l.get(&cid).is_some_and(|a| a.operations.len() >= 2 && !a.in_flight())
+        })
+        .await;
+        // Other tests of this binary run plugins at the same time: compare
+        // the victim's record, and look for the forged runs everywhere.
+        let before = ledger.get(&cid).cloned();
+
+        // A copy of a real plugin outside the bin dirs, a shell, and a real
+        // plugin in a bin dir run by a user other than root.
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(elsewhere.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let copy = elsewhere.path().join("bridge");
+        std::fs::copy(Path::new(DEBIAN_PLUGINS).join("bridge"), &copy).expect("copy bridge");
+        let other_netns = format!("/var/run/netns/{}", unique("nrEgone"));
+        let forged = [
+            (copy.clone(), vec![], None, "outside_bin_dirs"),
+            (PathBuf::from("/bin/sh"), vec!["-c", "exit 0"], None, "outside_bin_dirs"),
+            (Path::new(DEBIAN_PLUGINS).join("loopback"), vec![], Some(65534), "not_root"),
+        ];
+        for (binary, args, uid, reason) in forged {
+            let pid = forge(&binary, &args, &cid, &other_netns, uid);
+            let mut anomaly = None;
+            w.wait_for(WAIT, "the forged run's exit", |e| {
+                if let KernelEvent::CniExec { task, .. } = e
+                    && task.tgid == pid
+                {
+                    anomaly = Some(filter.admit(e));
+                }
+                feed(&filter, &mut ledger, e);
+                matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == pid)
+            })
+            .await;
+            let anomaly = anomaly.unwrap_or_else(|| panic!("{}: no exec record", binary.display()));
+            assert_eq!(anomaly.map_err(|a| a.reason()), Err(reason), "{}", binary.display());
+            assert_eq!(ledger.get(&cid).cloned(), before, "{}: the victim's record is unchanged", binary.display());
+            let traces: Vec<_> = ledger
+                .snapshot()
+                .into_iter()
+                .filter(|a| {
+                    a.netns_path.as_deref() == Some(other_netns.as_str()) || a.operations.iter().any(|op| op.pid == pid)
+                })
+                .collect();
+            assert!(traces.is_empty(), "{}: the forged run left {traces:#?}", binary.display());
+            assert!(!ledger.is_running(pid), "{}: not in flight", binary.display());
+        }
+        assert_eq!(ledger.unattributed_runs().count(), 0);
+    });
+}
