@@ -451,10 +451,7 @@ fn scale(scratch: &Path) -> Value {
         ..Observations::default()
     };
     for pod in 0..pods {
-        let id = NetnsId {
-            inode: 4_026_600_000 + pod as u64,
-            nsid: Some(pod as i32),
-        };
+        let id = NetnsId::new(Some(4_026_600_000 + pod as u64), Some(pod as i32), None);
         let path = PathBuf::from(format!("/run/netns/cni-{pod:08x}"));
         let addresses: Vec<IpAddr> = (0..SCALE_NETWORKS).map(|n| ip_of(n, pod)).collect();
         if pod % dead_every == 0 {

@@ -23,6 +23,10 @@ pub const MAX_EVENTS_KEEP: u32 = 100;
 /// Smallest accepted `resync_interval`: a full re-read is not free.
 pub const MIN_RESYNC_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Largest accepted `release_lock_timeout`: releases of every network wait
+/// behind the one being tried.
+pub const MAX_RELEASE_LOCK_TIMEOUT: Duration = Duration::from_mins(1);
+
 const MIB: u64 = 1024 * 1024;
 
 /// The typed configuration. `Config::default()` is the documented default.
@@ -41,6 +45,13 @@ pub struct Config {
     pub cni_bin_dirs: Vec<PathBuf>,
     /// netreap's own state: the journal of release intents.
     pub state_dir: PathBuf,
+    /// Rotate the journal past this size (the open intents are carried).
+    #[serde(with = "byte_size")]
+    pub journal_max_bytes: u64,
+    /// Longest wait for a host-local network's lock before a release gives
+    /// up (and retries later, with back-off).
+    #[serde(with = "human_duration")]
+    pub release_lock_timeout: Duration,
     /// Decide and report, but release nothing.
     pub dry_run: bool,
     /// Event stream destination: `-` for stdout, or a file path.
@@ -52,6 +63,11 @@ pub struct Config {
     pub events_keep: u32,
     /// Address of the HTTP server (/metrics, /healthz, /readyz, /state).
     pub metrics_addr: SocketAddr,
+    /// Serve /metrics to clients beyond loopback.
+    pub expose_metrics: bool,
+    /// Serve /state (every pod IP and container of the node) to clients
+    /// beyond loopback.
+    pub expose_state: bool,
     /// This node's Kubernetes name; enables the optional API evidence.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
@@ -89,11 +105,15 @@ impl Default for Config {
             cni_cache_dir: PathBuf::from("/var/lib/cni/results"),
             cni_bin_dirs: ["/opt/cni/bin", "/usr/lib/cni", "/usr/libexec/cni"].map(PathBuf::from).to_vec(),
             state_dir: PathBuf::from("/var/lib/netreap"),
+            journal_max_bytes: 16 * MIB,
+            release_lock_timeout: Duration::from_secs(5),
             dry_run: false,
             events: "-".to_owned(),
             events_max_bytes: 64 * MIB,
             events_keep: 5,
             metrics_addr: SocketAddr::from(([127, 0, 0, 1], 9742)),
+            expose_metrics: false,
+            expose_state: false,
             node_name: None,
             kubeconfig: None,
             in_flight_grace: Duration::from_secs(30),
@@ -131,6 +151,20 @@ const KEYS: &[(&str, &str, &str)] = &[
         "NETREAP_CNI_BIN_DIRS (comma-separated), --cni-bin-dir (repeatable)",
     ),
     ("state_dir", "netreap's own state: the journal of release intents.", "NETREAP_STATE_DIR, --state-dir"),
+    (
+        "journal_max_bytes",
+        "Rotate the journal (<state_dir>/journal.jsonl) past this size, at start and\n\
+         while running; open intents are carried over, the old file is kept as\n\
+         journal.jsonl.1. The state dir holds at most about twice this.",
+        "NETREAP_JOURNAL_MAX_BYTES, --journal-max-bytes",
+    ),
+    (
+        "release_lock_timeout",
+        "Longest wait for a host-local network's lock (held by the plugin while it\n\
+         allocates). Past it the release is reported as lock_busy, naming the holder,\n\
+         and retried with back-off; other networks' releases go on meanwhile.",
+        "NETREAP_RELEASE_LOCK_TIMEOUT, --release-lock-timeout",
+    ),
     ("dry_run", "Decide and report (events, metrics), but release nothing.", "NETREAP_DRY_RUN, --dry-run[=BOOL]"),
     (
         "events",
@@ -153,8 +187,21 @@ const KEYS: &[(&str, &str, &str)] = &[
     (
         "metrics_addr",
         "Listen address of /metrics, /healthz, /readyz and /state. Loopback by\n\
-         default; use \"0.0.0.0:9742\" for Prometheus to scrape from elsewhere.",
+         default; \"0.0.0.0:9742\" lets kubelet probe /healthz and /readyz on the\n\
+         node's address (hostNetwork). /metrics and /state still answer loopback\n\
+         clients only unless expose_metrics / expose_state say otherwise.",
         "NETREAP_METRICS_ADDR, --metrics-addr",
+    ),
+    (
+        "expose_metrics",
+        "Serve /metrics to clients beyond loopback (a Prometheus scraping the node).",
+        "NETREAP_EXPOSE_METRICS, --expose-metrics[=BOOL]",
+    ),
+    (
+        "expose_state",
+        "Serve /state to clients beyond loopback. It lists every pod IP and container\n\
+         of the node: leave it off unless something off-node must read it.",
+        "NETREAP_EXPOSE_STATE, --expose-state[=BOOL]",
     ),
     (
         "node_name",
@@ -293,6 +340,22 @@ impl Config {
                 return invalid(key, format!("{} is not an absolute path", dir.display()));
             }
         }
+        if self.journal_max_bytes < crate::release::journal::MIN_ROTATE_BYTES {
+            return invalid(
+                "journal_max_bytes",
+                format!(
+                    "{} bytes is below the minimum of {}",
+                    self.journal_max_bytes,
+                    crate::release::journal::MIN_ROTATE_BYTES
+                ),
+            );
+        }
+        if self.release_lock_timeout > MAX_RELEASE_LOCK_TIMEOUT {
+            return invalid(
+                "release_lock_timeout",
+                format!("{} is above the maximum of 1m", humantime::format_duration(self.release_lock_timeout)),
+            );
+        }
         if self.events.is_empty() {
             return invalid("events", "empty; use \"-\" for stdout or a file path".to_owned());
         }
@@ -407,6 +470,12 @@ pub struct ConfigFlags {
     /// netreap's state directory (journal).
     #[arg(long, env = "NETREAP_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Rotate the journal past this size (bytes, or e.g. `16MiB`).
+    #[arg(long, env = "NETREAP_JOURNAL_MAX_BYTES", value_name = "SIZE", value_parser = parse_byte_size)]
+    pub journal_max_bytes: Option<u64>,
+    /// Longest wait for a host-local network's lock (e.g. `5s`).
+    #[arg(long, env = "NETREAP_RELEASE_LOCK_TIMEOUT", value_name = "DURATION", value_parser = parse_duration)]
+    pub release_lock_timeout: Option<Duration>,
     /// Decide and report, release nothing (`--dry-run` alone means true).
     #[arg(
         long,
@@ -429,6 +498,26 @@ pub struct ConfigFlags {
     /// Listen address of /metrics, /healthz, /readyz, /state.
     #[arg(long, env = "NETREAP_METRICS_ADDR", value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Serve /metrics beyond loopback (`--expose-metrics` alone means true).
+    #[arg(
+        long,
+        env = "NETREAP_EXPOSE_METRICS",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub expose_metrics: Option<bool>,
+    /// Serve /state beyond loopback (`--expose-state` alone means true).
+    #[arg(
+        long,
+        env = "NETREAP_EXPOSE_STATE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub expose_state: Option<bool>,
     /// This node's Kubernetes name.
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: Option<String>,
@@ -466,11 +555,15 @@ impl ConfigFlags {
             config.cni_bin_dirs.clone_from(&self.cni_bin_dirs);
         }
         set(&mut config.state_dir, self.state_dir.as_ref());
+        set(&mut config.journal_max_bytes, self.journal_max_bytes.as_ref());
+        set(&mut config.release_lock_timeout, self.release_lock_timeout.as_ref());
         set(&mut config.dry_run, self.dry_run.as_ref());
         set(&mut config.events, self.events.as_ref());
         set(&mut config.events_max_bytes, self.events_max_bytes.as_ref());
         set(&mut config.events_keep, self.events_keep.as_ref());
         set(&mut config.metrics_addr, self.metrics_addr.as_ref());
+        set(&mut config.expose_metrics, self.expose_metrics.as_ref());
+        set(&mut config.expose_state, self.expose_state.as_ref());
         // The downward API sets NODE_NAME to "" when the field is missing:
         // that means "not on Kubernetes", not a node called "".
         if let Some(name) = self.node_name.as_ref().filter(|n| !n.is_empty()) {

@@ -726,6 +726,84 @@ fn a_reviewed_report_is_released_exactly_after_re_verification() {
     assert!(data_b.join("net/fd00:231::3").exists());
 }
 
+/// The journal rotates by size while running (not only at open): the file
+/// and its one rotated predecessor stay bounded, and an intent still open
+/// is carried across every rotation, so recovery after a restart finds it.
+#[test]
+fn journal_rotates_while_running_and_carries_open_intents() {
+    const LIMIT: u64 = 64 * 1024;
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let data = tmp.path().join("networks");
+    fs::create_dir_all(data.join("n")).unwrap();
+    fs::write(data.join("n/10.0.0.2"), "c1\r\neth0").unwrap();
+    fs::write(data.join("n/10.0.0.3"), "c2\r\neth0").unwrap();
+    let reservations = HostLocalStore::new(&data).scan().reservations;
+    let verdicts: Vec<Verdict> =
+        reservations.iter().map(|r| decide_one(&died(&["c1", "c2"]), r, SystemTime::now(), &policy())).collect();
+    let mut journal = Journal::open_with_limit(&state, LIMIT).unwrap();
+    let open = journal.record_intent(&verdicts[0], false).unwrap();
+    let would = Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() };
+    let mut written = 0u64;
+    let path = state.join("journal.jsonl");
+    let rotated = state.join("journal.jsonl.1");
+    while written < 8 * LIMIT {
+        let before = fs::metadata(&path).unwrap().len();
+        let intent = journal.record_intent(&verdicts[1], true).unwrap();
+        journal.record_outcome(&intent.id, &would, None).unwrap();
+        written += fs::metadata(&path).unwrap().len().saturating_sub(before);
+        let size = fs::metadata(&path).unwrap().len();
+        assert_eq!(size, journal.size(), "the journal's count matches the file");
+        assert!(size <= LIMIT, "journal.jsonl is {size} bytes, over the {LIMIT} limit");
+        if let Ok(meta) = fs::metadata(&rotated) {
+            assert!(meta.len() <= LIMIT + 4096, "journal.jsonl.1 is {} bytes", meta.len());
+        }
+    }
+    assert!(rotated.exists(), "rotated at least once");
+    assert_eq!(journal.pending().iter().map(|i| &i.id).collect::<Vec<_>>(), [&open.id]);
+    drop(journal);
+    let journal = Journal::open(&state).unwrap();
+    assert_eq!(journal.pending().iter().map(|i| &i.id).collect::<Vec<_>>(), [&open.id], "found again at start");
+    assert!(journal.warnings().is_empty(), "{:?}", journal.warnings());
+}
+
+/// After a clean stop with nothing pending, a start reads only the last
+/// line: garbage planted earlier in the file is not even seen. Without the
+/// marker (a crash), the whole file is read, and the garbage is reported.
+#[test]
+fn a_clean_stop_lets_the_next_start_read_only_the_last_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let data = tmp.path().join("networks");
+    fs::create_dir_all(data.join("n")).unwrap();
+    fs::write(data.join("n/10.0.0.2"), "c1\r\neth0").unwrap();
+    let r = HostLocalStore::new(&data).scan().reservations.remove(0);
+    let v = decide_one(&died(&["c1"]), &r, SystemTime::now(), &policy());
+    let path = state.join("journal.jsonl");
+    {
+        let mut journal = Journal::open(&state).unwrap();
+        let intent = journal.record_intent(&v, false).unwrap();
+        // Pending: no marker, the next start must find the intent.
+        assert!(!journal.close_clean().unwrap());
+        journal.record_outcome(&intent.id, &Outcome::AlreadyGone, None).unwrap();
+        assert!(journal.close_clean().unwrap());
+    }
+    let mut bytes = b"garbage a crash once left\n".to_vec();
+    bytes.extend(fs::read(&path).unwrap());
+    fs::write(&path, &bytes).unwrap();
+    {
+        let mut journal = Journal::open(&state).unwrap();
+        assert!(journal.pending().is_empty());
+        assert!(journal.warnings().is_empty(), "only the last line was read: {:?}", journal.warnings());
+        // A new intent, no clean stop (as after a crash): read in full.
+        journal.record_intent(&v, false).unwrap();
+    }
+    let journal = Journal::open(&state).unwrap();
+    assert_eq!(journal.pending().len(), 1, "the open intent is found");
+    assert_eq!(journal.warnings().len(), 1, "{:?}", journal.warnings());
+    assert!(journal.warnings()[0].contains("not a journal record"), "{:?}", journal.warnings());
+}
+
 /// Issue 10: the last look under the plugin's lock. The decision said
 /// orphaned (its netns died), but the kernel, asked right before the
 /// unlink, has the IP configured in a live netns: the file stays, and the

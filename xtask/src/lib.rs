@@ -5,6 +5,7 @@
 //! linked against nightly's own libLLVM), caching the tools under `target/`.
 
 pub mod ebpf;
+pub mod image;
 pub mod system;
 pub mod testrun;
 pub mod toolchain;

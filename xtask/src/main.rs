@@ -15,6 +15,11 @@ commands:
                   every test of the workspace (as root: kernel tests load real probes)
   bench           run the benchmarks as root (netns_death, reclaim) and print their tables:
                   bench [netns_death] [latency] [overhead] [scale] [burst] (none named: all)
+  image           build the agent's container image with no registry: a distroless Debian base from
+                  mmdebstrap, deploy/Containerfile built with podman, tagged netreap:<version>,
+                  saved as target/netreap-<version>.oci.tar
+  daemonset-test  build the image, then run deploy/daemonset.yaml's pod template with podman the
+                  way kubelet would (agent/tests/daemonset.rs) on real namespaces and plugins
   vm-test         run the kernel-facing tests in Debian 6.1/6.12 kernels under qemu and on
                   this host: vm-test [--kernel 6.1|6.12|host|all] [--timeout SECS]
 ";
@@ -33,6 +38,8 @@ fn main() -> ExitCode {
         Some("test") => test(&ws, &args[1..]),
         Some("bench") => bench(&ws, &args[1..]),
         Some("vm-test") => return xtask::vm::main(&ws, &args[1..]),
+        Some("image") => xtask::image::build(&ws).map(|_| ()),
+        Some("daemonset-test") => daemonset_test(&ws),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -58,6 +65,24 @@ fn test(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
     toolchain::ensure_rust_src(&info)?;
     toolchain::ensure_bpf_linker(ws, &info)?;
     xtask::testrun::cargo_test(&ws.root, extra)
+}
+
+/// `cargo xtask daemonset-test`: the image, then the DaemonSet's pod spec
+/// run in podman on this host (agent/tests/daemonset.rs, ignored by a plain
+/// `cargo test` because it needs the image).
+fn daemonset_test(ws: &Workspace) -> Result<(), BuildError> {
+    system::ensure_packages()?;
+    xtask::image::build(ws)?;
+    toolchain::run(std::process::Command::new("cargo").current_dir(&ws.root).args([
+        "test",
+        "-p",
+        "netreap",
+        "--test",
+        "daemonset",
+        "--",
+        "--ignored",
+        "--nocapture",
+    ]))
 }
 
 /// `cargo xtask bench [netns_death] [latency|overhead|scale|burst]...`: the

@@ -37,6 +37,7 @@ pub fn main(args: &ReleaseArgs) -> anyhow::Result<()> {
             host_local_dirs: config.host_local_dirs.clone(),
             cni_cache_dir: Some(config.cni_cache_dir.clone()),
             abort_after_intent: false,
+            lock_timeout: Some(config.release_lock_timeout),
         },
     )
     .context("opening the release journal (is `netreap run` using this state dir?)")?;

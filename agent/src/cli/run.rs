@@ -16,7 +16,13 @@ pub struct RunArgs {
 pub fn main(args: &RunArgs) -> anyhow::Result<()> {
     let config = Config::load(&args.config).context("configuration")?;
     logging::init(&config.log);
-    tokio::runtime::Builder::new_current_thread()
+    // One runtime. The agent's event loop runs on this thread (block_on);
+    // spawned tasks (the HTTP server above all) on one worker thread, so a
+    // long reconcile never delays a health probe; blocking work (releases,
+    // scans, /state) on tokio's blocking pool.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("netreap-rt")
         .enable_all()
         .build()
         .context("cannot start the async runtime")?

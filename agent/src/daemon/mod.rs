@@ -35,10 +35,10 @@ use crate::{
         persist::{self, Window},
     },
     model::{DeathSource, ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
-    release::{ReleaseRecord, Releaser, ReleaserConfig},
+    release::{ReleaseError, ReleaseRecord, Releaser, ReleaserConfig, retry::RetryGate},
     telemetry::{
         clock::Clock,
-        http::{self, Endpoints, Readiness},
+        http::{self, Endpoints, Exposure, Readiness},
         metrics::Metrics,
         stream::EventStream,
     },
@@ -51,12 +51,14 @@ pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
 /// What the state endpoint shows. Kept typed and serialized only when
 /// someone asks: a reconcile must not pay for JSON nobody reads.
-#[derive(Default)]
+/// Cloning is cheap (shared parts), so /state copies it under the lock and
+/// renders outside it.
+#[derive(Default, Clone)]
 struct StateDoc {
     probes: Vec<crate::kernel::probes::ProbeStatus>,
     model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
-    attachments: Vec<crate::ledger::Attachment>,
-    verdicts: Vec<Verdict>,
+    attachments: Arc<Vec<crate::ledger::Attachment>>,
+    verdicts: Arc<Vec<Verdict>>,
     runtime: Option<crate::engine::RuntimeView>,
 }
 
@@ -65,8 +67,8 @@ impl StateDoc {
         json!({
             "probes": self.probes,
             "model": self.model.as_deref(),
-            "attachments": self.attachments,
-            "verdicts": self.verdicts,
+            "attachments": *self.attachments,
+            "verdicts": *self.verdicts,
             "runtime": self.runtime,
         })
     }
@@ -88,7 +90,15 @@ struct Agent {
     model: ModelHandle,
     stores: Vec<HostLocalStore>,
     cache: CniCache,
-    releaser: Releaser,
+    /// None while a release batch runs on the blocking pool (it owns it).
+    releaser: Option<Releaser>,
+    /// Which orphans to attempt now: once per verdict change, failures
+    /// with back-off.
+    gate: RetryGate,
+    /// Where a finished release batch reports.
+    release_done: tokio::sync::mpsc::Sender<ReleaseDone>,
+    /// Orphans were found while a batch ran: reconcile again when it ends.
+    release_waiting: bool,
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     verdicts: HashMap<ReservationKey, Status>,
@@ -113,6 +123,15 @@ struct Agent {
     runtime: runtime::RuntimeSource,
 }
 
+/// A release batch that ran on the blocking pool, with the releaser back.
+struct ReleaseDone {
+    releaser: Releaser,
+    admitted: Vec<Verdict>,
+    /// The runtime's pod of each admitted container, when it names one.
+    pods: HashMap<String, crate::engine::PodRef>,
+    result: Result<Vec<ReleaseRecord>, ReleaseError>,
+}
+
 /// The HTTP endpoint task and how to stop it.
 struct Endpoint {
     readiness: Readiness,
@@ -132,7 +151,10 @@ async fn serve_endpoint(config: &Config, metrics: &Metrics, state: &Arc<Mutex<St
     let endpoints = Endpoints {
         metrics: metrics.clone(),
         readiness: readiness.clone(),
-        state: Arc::new(move || state.lock().map_or(Value::Null, |s| s.to_json())),
+        // Runs on the blocking pool: copy the (shared) parts under the lock,
+        // render without it, so a reconcile never waits for a slow reader.
+        state: Arc::new(move || state.lock().map(|s| s.clone()).map_or(Value::Null, |s| s.to_json())),
+        exposure: Exposure { metrics: config.expose_metrics, state: config.expose_state },
     };
     let task = tokio::spawn(http::serve(listener, endpoints, stop_rx));
     Ok(Endpoint { readiness, stop, task })
@@ -168,8 +190,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         host_local_dirs: config.host_local_dirs.clone(),
         cni_cache_dir: Some(config.cni_cache_dir.clone()),
         abort_after_intent: std::env::var(CRASH_AFTER_INTENT_ENV).is_ok_and(|v| v == "1"),
+        lock_timeout: Some(config.release_lock_timeout),
     };
-    let releaser = Releaser::open(&config.state_dir, releaser_config).context("opening the release journal")?;
+    let journal = crate::release::Journal::open_with_limit(&config.state_dir, config.journal_max_bytes)
+        .context("opening the release journal")?;
+    let releaser = Releaser::new(journal, releaser_config);
+    let (release_done, mut release_results) = tokio::sync::mpsc::channel(1);
     let kube = crate::kube::agent::KubeAgent::start(&config, &metrics).await?;
 
     let mut agent = Agent {
@@ -181,7 +207,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         model: watcher.handle(),
         stores: config.host_local_dirs.iter().map(HostLocalStore::new).collect(),
         cache: CniCache::new(config.cni_cache_dir.clone()),
-        releaser,
+        releaser: Some(releaser),
+        gate: RetryGate::new(),
+        release_done,
+        release_waiting: false,
         watching_since,
         verdicts: HashMap::new(),
         cache_first_seen: evidence::FirstSeen::new(),
@@ -204,7 +233,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     info!(dry_run = agent.config.dry_run, "netreap ready");
 
     let mut runtime_events = agent.runtime.follow_events();
-    agent.event_loop(&mut kernel, &mut deaths, &mut runtime_events).await?;
+    agent.event_loop(&mut kernel, &mut deaths, &mut runtime_events, &mut release_results).await?;
 
     // Detach the probes first so no more work arrives, then flush.
     drop(kernel);
@@ -212,6 +241,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     agent.save_knowledge().await;
     let _ = watcher.stop().await;
     agent.events.sync()?;
+    if let Some(releaser) = agent.releaser.as_mut() {
+        // Nothing pending: the next start reads only the journal's last line.
+        releaser.journal_mut().close_clean()?;
+    }
     let _ = endpoint.stop.send(true);
     let _ = endpoint.task.await;
     info!("probes detached, journal and event stream flushed; bye");
@@ -364,6 +397,7 @@ impl Agent {
         kernel: &mut KernelStream,
         deaths: &mut tokio::sync::mpsc::Receiver<NetnsDeath>,
         runtime_events: &mut tokio::sync::mpsc::Receiver<()>,
+        release_results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>,
     ) -> anyhow::Result<()> {
         use anyhow::Context as _;
         let mut sigterm = tokio::signal::unix::signal(SignalKind::terminate()).context("SIGTERM handler")?;
@@ -381,9 +415,24 @@ impl Agent {
         // coalesced.
         let mut cni_reconcile_at: Option<tokio::time::Instant> = None;
         loop {
+            let retry_at = self.gate.next_retry().map(tokio::time::Instant::from_std);
             tokio::select! {
-                _ = sigterm.recv() => { info!("SIGTERM: shutting down"); return Ok(()); }
-                _ = sigint.recv() => { info!("SIGINT: shutting down"); return Ok(()); }
+                _ = sigterm.recv() => {
+                    info!("SIGTERM: shutting down");
+                    return self.finish_release(release_results).await;
+                }
+                _ = sigint.recv() => {
+                    info!("SIGINT: shutting down");
+                    return self.finish_release(release_results).await;
+                }
+                Some(done) = release_results.recv() => {
+                    if self.on_release_done(done)? {
+                        self.reconcile("release_done").await?;
+                    }
+                }
+                () = sleep_until_some(retry_at), if retry_at.is_some() && self.releaser.is_some() => {
+                    self.reconcile("release_retry").await?;
+                }
                 batch = kernel.next_batch() => {
                     if self.on_kernel_batch(batch?).await? {
                         cni_reconcile_at.get_or_insert_with(|| tokio::time::Instant::now() + CNI_EXIT_COALESCE);
@@ -416,13 +465,24 @@ impl Agent {
     /// Settles intents a previous run left without outcome, re-verified on
     /// fresh observations.
     async fn recover(&mut self) -> anyhow::Result<()> {
-        if self.releaser.journal().pending().is_empty() {
+        let Some(releaser) = self.releaser.as_ref() else { return Ok(()) };
+        if releaser.journal().pending().is_empty() {
             return Ok(());
         }
         let obs = self.observations().await?;
         let (now, policy) = (SystemTime::now(), self.policy);
         self.arm_last_look();
-        let records = self.releaser.recover(|r| decide_one(&obs, r, now, &policy))?;
+        let Some(mut releaser) = self.releaser.take() else { return Ok(()) };
+        // Lock waits and fsyncs: on the blocking pool, so /healthz answers.
+        let obs = Arc::new(obs);
+        let seen = Arc::clone(&obs);
+        let (releaser, records) = tokio::task::spawn_blocking(move || {
+            let records = releaser.recover(|r| decide_one(&seen, r, now, &policy));
+            (releaser, records)
+        })
+        .await?;
+        self.releaser = Some(releaser);
+        let records = records?;
         for record in &records {
             let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
             self.emit_release(record, "recovery", None, pod)?;
@@ -432,7 +492,9 @@ impl Agent {
 
     async fn observations(&mut self) -> anyhow::Result<crate::engine::Observations> {
         let snapshot = Arc::new(self.model.snapshot().await?);
-        let cache = self.cache.scan();
+        // A directory scan: on the blocking pool, not the event thread.
+        let cache_dir = self.cache.clone();
+        let cache = tokio::task::spawn_blocking(move || cache_dir.scan()).await?;
         let now = SystemTime::now();
         self.cache_first_seen.retain(|path, _| cache.attachments.iter().any(|a| &a.path == path));
         for a in &cache.attachments {
@@ -578,7 +640,7 @@ impl Agent {
         if std::mem::take(&mut self.attachments_dirty)
             && let Ok(mut s) = self.state.lock()
         {
-            s.attachments = self.ledger.snapshot();
+            s.attachments = Arc::new(self.ledger.snapshot());
         }
     }
 
@@ -613,8 +675,12 @@ impl Agent {
     async fn reconcile(&mut self, reason: &str) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         let obs = self.observations().await?;
-        let stores: Vec<&dyn ReservationStore> = self.stores.iter().map(|s| s as &dyn ReservationStore).collect();
-        let mut scan = scan_all(&stores);
+        let stores = self.stores.clone();
+        let mut scan = tokio::task::spawn_blocking(move || {
+            let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
+            scan_all(&stores)
+        })
+        .await?;
         let now = SystemTime::now();
         let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         // whereabouts verdicts follow the host-local ones; each store's
@@ -626,37 +692,111 @@ impl Agent {
         }
         self.report_anomalies(&scan.anomalies)?;
         self.report_changes(&verdicts, &obs)?;
-        if verdicts.iter().any(Verdict::is_orphaned) {
-            self.arm_last_look();
-        }
-        let mut records = self.releaser.release_orphaned(&verdicts[..local])?;
+        // host-local on the blocking pool (records come back to
+        // `on_release_done`); whereabouts here, with its own last look.
+        self.start_release(&verdicts[..local], &obs);
         if self.kube.is_some() {
             let policy = self.policy;
-            // Its own last look (it asks the kernel only when a release
-            // comes to it): the host-local one gathered before its releases.
             let mut look = self.kernel_look();
             let reverify = |r: &crate::ipam::Reservation| decide_one(&obs, r, SystemTime::now(), &policy);
+            let mut records = Vec::new();
             if let Some(k) = self.kube.as_mut() {
-                records.extend(k.release(&verdicts[local..], reverify, &mut look).await?);
+                records = k.release(&verdicts[local..], reverify, &mut look).await?;
+                k.notify(&verdicts, &records, &self.ledger);
             }
-        }
-        if let Some(k) = self.kube.as_mut() {
-            k.notify(&verdicts, &records, &self.ledger);
-        }
-        for record in &records {
-            let died_at = report::death_time(&record.verdict);
-            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
-            self.emit_release(record, report::release_reason(&record.verdict), died_at, pod)?;
+            for record in &records {
+                let died_at = report::death_time(&record.verdict);
+                let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id).cloned();
+                self.emit_release(record, report::release_reason(&record.verdict), died_at, pod.as_ref())?;
+            }
         }
         self.runtime.report_stuck(&obs, &mut self.events, &self.metrics)?;
         self.metrics.replace_reservations(report::counts(&verdicts).iter().map(|((n, s), c)| (n.as_str(), *s, *c)));
         let count = verdicts.len();
         if let Ok(mut s) = self.state.lock() {
-            s.verdicts = verdicts;
+            s.verdicts = Arc::new(verdicts);
             s.runtime = obs.runtime;
         }
         self.publish_attachments();
         tracing::debug!(reason, reservations = count, took_ms = started.elapsed().as_millis() as u64, "reconciled");
+        Ok(())
+    }
+
+    /// Hands the orphans the retry gate admits to a release batch on the
+    /// blocking pool (flock waits and fsyncs stay off the event thread); its
+    /// records come back through `release_done`. One batch at a time: while
+    /// one runs, orphans wait for the reconcile that follows it.
+    fn start_release(&mut self, verdicts: &[Verdict], obs: &crate::engine::Observations) {
+        if self.releaser.is_none() {
+            self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
+            return;
+        }
+        let admitted = self.gate.admit(verdicts, std::time::Instant::now());
+        if admitted.is_empty() {
+            return;
+        }
+        self.arm_last_look();
+        let Some(mut releaser) = self.releaser.take() else { return };
+        // The runtime's names of the pods, for the release events.
+        let pods: HashMap<String, crate::engine::PodRef> = admitted
+            .iter()
+            .filter_map(|v| {
+                let id = &v.reservation.container_id;
+                runtime::pod_of(obs, id).map(|p| (id.clone(), p.clone()))
+            })
+            .collect();
+        // The releaser acts on every orphan it is given and reads the
+        // others only as context (which IPs an attachment still holds), so
+        // orphans the gate holds back go in as context, marked pending.
+        let admitted_paths: std::collections::HashSet<&PathBuf> = admitted.iter().map(|v| &v.reservation.path).collect();
+        let batch: Vec<Verdict> = verdicts
+            .iter()
+            .map(|v| {
+                let mut v = v.clone();
+                if v.is_orphaned() && !admitted_paths.contains(&v.reservation.path) {
+                    v.status = Status::Pending;
+                }
+                v
+            })
+            .collect();
+        let done = self.release_done.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = releaser.release_orphaned(&batch);
+            // The receiver lives as long as the event loop; if it is gone
+            // the agent is stopping and the journal already holds the truth.
+            let _ = done.blocking_send(ReleaseDone { releaser, admitted, pods, result });
+        });
+    }
+
+    /// Takes a finished batch back: reports its records, updates the retry
+    /// gate. Returns whether orphans waited for it (reconcile again).
+    fn on_release_done(&mut self, done: ReleaseDone) -> anyhow::Result<bool> {
+        let ReleaseDone { releaser, admitted, pods, result } = done;
+        self.releaser = Some(releaser);
+        let records = match result {
+            Ok(records) => records,
+            Err(e) => {
+                self.gate.settle(&admitted, &[], std::time::Instant::now());
+                return Err(e.into());
+            }
+        };
+        self.gate.settle(&admitted, &records, std::time::Instant::now());
+        for record in &records {
+            let died_at = report::death_time(&record.verdict);
+            let pod = pods.get(&record.verdict.reservation.container_id);
+            self.emit_release(record, report::release_reason(&record.verdict), died_at, pod)?;
+        }
+        Ok(std::mem::take(&mut self.release_waiting))
+    }
+
+    /// At shutdown: waits for a running batch, so its outcomes are reported
+    /// (they are journaled either way).
+    async fn finish_release(&mut self, results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>) -> anyhow::Result<()> {
+        if self.releaser.is_none()
+            && let Some(done) = results.recv().await
+        {
+            self.on_release_done(done)?;
+        }
         Ok(())
     }
 
@@ -704,7 +844,9 @@ impl Agent {
     /// the ledger's runs in flight.
     fn arm_last_look(&mut self) {
         let look = self.kernel_look();
-        self.releaser.set_last_look(Box::new(look));
+        if let Some(releaser) = self.releaser.as_mut() {
+            releaser.set_last_look(Box::new(look));
+        }
     }
 
     /// A last look for one batch of releases, with the model's netns.
@@ -720,7 +862,7 @@ impl Agent {
             inodes.extend(model.alive().filter(|v| v.host).filter_map(|v| v.inode.map(u64::from)));
         }
         let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
-        let bin_dirs = crate::release::lastlook::DEFAULT_CNI_BIN_DIRS.iter().map(PathBuf::from).collect();
+        let bin_dirs = self.config.cni_bin_dirs.clone();
         crate::release::lastlook::KernelLook::new(nsids, inodes, in_flight, bin_dirs)
     }
 
@@ -741,7 +883,11 @@ impl Agent {
             }
         let r = &record.verdict.reservation;
         let pod_name = pod.map(ToString::to_string);
-        info!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
+        if matches!(record.outcome, crate::release::Outcome::LockBusy { .. }) {
+            warn!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
+        } else {
+            info!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason, "release: {}", record.outcome);
+        }
         self.events.emit(now, "release", &report::with_pod(report::release(record, reason, latency), pod))?;
         if let crate::release::Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
             // The model said no live netns holds the IP; the kernel, asked

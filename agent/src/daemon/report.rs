@@ -30,6 +30,7 @@ pub fn outcome_label(o: &Outcome) -> &'static str {
         Outcome::Refused { .. } => "refused",
         Outcome::Anomalous { .. } => "anomalous",
         Outcome::Failed { .. } => "error",
+        Outcome::LockBusy { .. } => "lock_busy",
         Outcome::DryRunClosed => "dry_run_closed",
     }
 }
@@ -116,6 +117,9 @@ pub fn release(record: &ReleaseRecord, reason: &str, latency: Option<Duration>) 
     m.insert("detail".into(), json!(record.outcome.to_string()));
     if let Outcome::Failed { error } = &record.outcome {
         m.insert("error".into(), json!(error));
+    }
+    if let Outcome::LockBusy { .. } = &record.outcome {
+        m.insert("error".into(), json!(record.outcome.to_string()));
     }
     m.insert("dry_run".into(), json!(record.dry_run));
     m.insert("intent_id".into(), json!(record.intent_id));

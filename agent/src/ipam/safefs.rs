@@ -13,6 +13,7 @@ use std::{
         unix::{ffi::OsStrExt, fs::MetadataExt},
     },
     path::Path,
+    time::{Duration, Instant},
 };
 
 /// A directory opened without following a symlink in its last component.
@@ -141,6 +142,7 @@ pub struct FlockGuard {
 
 impl FlockGuard {
     /// Blocks until the exclusive lock is ours, like go-filemutex's `Lock()`.
+    #[allow(dead_code, reason = "releases wait with a deadline (lock_exclusive_timeout); kept for callers without one")]
     pub fn lock_exclusive(file: File) -> io::Result<Self> {
         loop {
             // SAFETY: a valid open descriptor.
@@ -152,6 +154,59 @@ impl FlockGuard {
                 return Err(err);
             }
         }
+    }
+
+    /// Waits at most `timeout` for the exclusive lock. `Ok(Err(file))` when
+    /// it is still held at the deadline. flock(2) has no timed wait, so this
+    /// polls `LOCK_NB`, backing off from 1 ms to 50 ms: a plugin holds the
+    /// lock for milliseconds, and a stuck one must not hold the caller.
+    pub fn lock_exclusive_timeout(file: File, timeout: Duration) -> io::Result<Result<Self, File>> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            // SAFETY: a valid open descriptor.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(Ok(Self { file }));
+            }
+            let err = io::Error::last_os_error();
+            match err.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => {}
+                _ => return Err(err),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(Err(file));
+            }
+            std::thread::sleep(pause.min(left));
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Processes holding a flock on `file` (from /proc/locks, in this pid
+    /// namespace), each as "pid (comm)": for a message naming who is stuck.
+    #[must_use]
+    pub fn holders(file: &File) -> Vec<String> {
+        let Ok(meta) = file.metadata() else { return Vec::new() };
+        let dev = meta.dev();
+        let id = format!("{:02x}:{:02x}:{}", libc::major(dev), libc::minor(dev), meta.ino());
+        let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+        locks
+            .lines()
+            // "1: FLOCK  ADVISORY  WRITE 1234 00:2d:5678 0 EOF"; waiters
+            // have "->" after the number and hold nothing.
+            .map(str::split_whitespace)
+            .filter_map(|mut f| {
+                let _n = f.next()?;
+                let kind = f.next()?;
+                (kind == "FLOCK").then_some(())?;
+                let (_mode, _rw, pid, file_id) = (f.next()?, f.next()?, f.next()?, f.next()?);
+                (file_id == id).then(|| pid.to_owned())
+            })
+            .map(|pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                format!("{pid} ({})", comm.trim())
+            })
+            .collect()
     }
 
     /// Takes the exclusive lock only if nobody holds it.

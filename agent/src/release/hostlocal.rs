@@ -107,7 +107,15 @@ fn last_look(r: &Reservation, look: &mut dyn LastLook) -> Result<(), Outcome> {
 /// Removes the reservation file if it still is the one decided about.
 /// `sync_dir`: fsync the directory after the unlink (a batch does it once
 /// per directory instead, see `Releaser::release_orphaned`).
-pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool, look: &mut dyn LastLook) -> Outcome {
+/// `lock_timeout`: how long to wait for the plugin's lock before giving up
+/// with [`Outcome::LockBusy`].
+pub(crate) fn release(
+    r: &Reservation,
+    t: &Target,
+    sync_dir: bool,
+    look: &mut dyn LastLook,
+    lock_timeout: std::time::Duration,
+) -> Outcome {
     let dir = match open_dir(t) {
         Ok(dir) => dir,
         Err(outcome) => return outcome,
@@ -120,8 +128,15 @@ pub(crate) fn release(r: &Reservation, t: &Target, sync_dir: bool, look: &mut dy
         Err(e) => return Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
     };
     let outcome = {
-        let _guard = match FlockGuard::lock_exclusive(lock) {
-            Ok(guard) => guard,
+        let _guard = match FlockGuard::lock_exclusive_timeout(lock, lock_timeout) {
+            Ok(Ok(guard)) => guard,
+            Ok(Err(busy_lock)) => {
+                return Outcome::LockBusy {
+                    lock: t.network_dir.join(LOCK_FILE),
+                    waited_ms: lock_timeout.as_millis() as u64,
+                    holders: FlockGuard::holders(&busy_lock),
+                };
+            }
             Err(e) => return Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
         };
         // Critical section: re-read, compare, the last look, unlink.

@@ -7,10 +7,19 @@
 //! A crash can tear the last line; loading skips lines that do not parse,
 //! with a warning, and never panics. A torn intent is harmless: its fsync
 //! never returned, so nothing was acted on.
+//!
+//! Bounded: past `max_bytes` (at open, or after any append while running)
+//! the journal is rotated: the pending intents are carried into a fresh
+//! file and the old one is kept as `journal.jsonl.1`, replacing the previous
+//! `.1`. So the state dir never holds much more than twice `max_bytes`. At
+//! start only what recovery needs is read: after a clean stop (a
+//! `clean_stop` record, written only when nothing is pending) just the last
+//! line; otherwise a first pass reads each line's kind and id, and a second
+//! decodes just the intents left without outcome.
 
 use std::{
     fs::{self, File, OpenOptions},
-    io::{self, Read, Write},
+    io::{self, BufRead, BufReader, Seek, SeekFrom, Write},
     os::unix::fs::{DirBuilderExt, OpenOptionsExt},
     path::{Path, PathBuf},
     sync::atomic::{AtomicU64, Ordering},
@@ -31,9 +40,12 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/netreap";
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 /// Held (flock) while a journal is open: one releaser per state dir.
 pub const JOURNAL_LOCK: &str = "journal.lock";
-/// Past this size the journal is rotated at open: the pending intents are
-/// carried into a fresh file, the old one is kept as `journal.jsonl.1`.
+/// Default size past which the journal is rotated (at open and while
+/// running): the pending intents are carried into a fresh file, the old one
+/// is kept as `journal.jsonl.1`. Config key `journal_max_bytes`.
 pub const ROTATE_BYTES: u64 = 16 * 1024 * 1024;
+/// Smallest accepted rotation size: a batch of intents must fit.
+pub const MIN_ROTATE_BYTES: u64 = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -76,13 +88,31 @@ pub struct OutcomeRecord {
 pub enum Record {
     Intent(Intent),
     Outcome(OutcomeRecord),
+    /// The agent stopped cleanly with no intent pending (see
+    /// [`Journal::close_clean`]).
+    CleanStop(CleanStop),
 }
+
+/// "Stopped cleanly; nothing was pending." When it is the last line, a
+/// start needs to read nothing else.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanStop {
+    #[serde(with = "timefmt::rfc3339")]
+    pub at: SystemTime,
+}
+
+/// How much of the file's end is read to find a last `clean_stop` line.
+const TAIL_BYTES: u64 = 4096;
 
 /// An open journal. Holds the state dir's lock until dropped.
 #[derive(Debug)]
 pub struct Journal {
+    state_dir: PathBuf,
     path: PathBuf,
     file: File,
+    /// Bytes in `file` (kept here: a stat per append is not needed).
+    size: u64,
+    max_bytes: u64,
     pending: Vec<Intent>,
     warnings: Vec<String>,
     _lock: FlockGuard,
@@ -106,8 +136,15 @@ fn new_id(at: SystemTime) -> String {
 
 impl Journal {
     /// Opens (creating) `<state_dir>/journal.jsonl`, takes the state dir's
-    /// lock, and loads the intents still pending.
+    /// lock, and loads the intents still pending; rotates at [`ROTATE_BYTES`].
     pub fn open(state_dir: &Path) -> Result<Self, JournalError> {
+        Self::open_with_limit(state_dir, ROTATE_BYTES)
+    }
+
+    /// [`Journal::open`], rotating past `max_bytes` (at least
+    /// [`MIN_ROTATE_BYTES`]).
+    pub fn open_with_limit(state_dir: &Path, max_bytes: u64) -> Result<Self, JournalError> {
+        let max_bytes = max_bytes.max(MIN_ROTATE_BYTES);
         fs::DirBuilder::new().recursive(true).mode(0o700).create(state_dir).map_err(io_err(state_dir))?;
         let lock_path = state_dir.join(JOURNAL_LOCK);
         let lock_file = OpenOptions::new()
@@ -136,19 +173,55 @@ impl Journal {
         if !existed {
             sync_dir(state_dir).map_err(io_err(state_dir))?;
         }
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes).map_err(io_err(&path))?;
-        let (pending, warnings, torn) = load(&bytes);
+        let mut size = file.metadata().map_err(io_err(&path))?.len();
+        let clean = ends_with_clean_stop(&mut file, size).map_err(io_err(&path))?;
+        let Loaded { pending, warnings, torn } =
+            if clean { Loaded::default() } else { load(&mut BufReader::new(&file)).map_err(io_err(&path))? };
         for w in &warnings {
             tracing::warn!(journal = %path.display(), "{w}");
         }
-        if bytes.len() as u64 > ROTATE_BYTES {
-            file = rotate(state_dir, &path, &pending)?;
+        if size > max_bytes {
+            (file, size) = rotate(state_dir, &path, &pending)?;
         } else if torn {
             // Terminate the torn line so the next record starts on its own.
             file.write_all(b"\n").and_then(|()| file.sync_data()).map_err(io_err(&path))?;
+            size += 1;
         }
-        Ok(Self { path, file, pending, warnings, _lock: lock })
+        Ok(Self { state_dir: state_dir.to_owned(), path, file, size, max_bytes, pending, warnings, _lock: lock })
+    }
+
+    /// Writes `bytes` (whole lines) in one write and fsyncs; then rotates if
+    /// the file grew past the limit. Once this returns, the records survive
+    /// a crash. A failed rotation is only a warning (the records are
+    /// durable; the next append tries again).
+    fn write_durably(&mut self, bytes: &[u8]) -> Result<(), JournalError> {
+        self.file.write_all(bytes).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
+        self.size += bytes.len() as u64;
+        if self.size > self.max_bytes {
+            match rotate(&self.state_dir, &self.path, &self.pending) {
+                Ok((file, size)) => (self.file, self.size) = (file, size),
+                Err(e) => tracing::warn!(journal = %self.path.display(), "rotation failed; kept appending: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a clean stop when no intent is pending, so the next start
+    /// reads only the last line. Returns whether it was written (with
+    /// intents pending, the next start must find them: nothing is written).
+    pub fn close_clean(&mut self) -> Result<bool, JournalError> {
+        if !self.pending.is_empty() {
+            return Ok(false);
+        }
+        let line = Self::encode(&Record::CleanStop(CleanStop { at: SystemTime::now() }))?;
+        self.write_durably(&line)?;
+        Ok(true)
+    }
+
+    /// Current size of `journal.jsonl` in bytes.
+    #[must_use]
+    pub fn size(&self) -> u64 {
+        self.size
     }
 
     #[must_use]
@@ -168,12 +241,10 @@ impl Journal {
         &self.warnings
     }
 
-    fn append(&mut self, record: &Record) -> Result<(), JournalError> {
+    fn encode(record: &Record) -> Result<Vec<u8>, JournalError> {
         let mut line = serde_json::to_vec(record)?;
         line.push(b'\n');
-        // One write of the whole line (O_APPEND), then fsync: once this
-        // returns, the record survives a crash.
-        self.file.write_all(&line).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))
+        Ok(line)
     }
 
     /// Records the intents to act on each verdict, with one fsync for all.
@@ -187,8 +258,13 @@ impl Journal {
             lines.push(b'\n');
             intents.push(intent);
         }
-        self.file.write_all(&lines).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
+        // Pending before the write: a rotation right after it carries them.
+        let before = self.pending.len();
         self.pending.extend(intents.iter().cloned());
+        if let Err(e) = self.write_durably(&lines) {
+            self.pending.truncate(before);
+            return Err(e);
+        }
         Ok(intents)
     }
 
@@ -204,9 +280,15 @@ impl Journal {
             lines.extend(serde_json::to_vec(&Record::Outcome(record))?);
             lines.push(b'\n');
         }
-        self.file.write_all(&lines).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
+        // Settled before the write, so a rotation right after it does not
+        // carry them; restored if the write fails.
         let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, _)| *id).collect();
+        let before = self.pending.clone();
         self.pending.retain(|i| !done.contains(i.id.as_str()));
+        if let Err(e) = self.write_durably(&lines) {
+            self.pending = before;
+            return Err(e);
+        }
         Ok(())
     }
 
@@ -214,8 +296,12 @@ impl Journal {
     pub fn record_intent(&mut self, verdict: &Verdict, dry_run: bool) -> Result<Intent, JournalError> {
         let at = SystemTime::now();
         let intent = Intent { id: new_id(at), at, dry_run, verdict: verdict.clone() };
-        self.append(&Record::Intent(intent.clone()))?;
+        let line = Self::encode(&Record::Intent(intent.clone()))?;
         self.pending.push(intent.clone());
+        if let Err(e) = self.write_durably(&line) {
+            self.pending.pop();
+            return Err(e);
+        }
         Ok(intent)
     }
 
@@ -235,15 +321,20 @@ impl Journal {
             outcome: outcome.clone(),
             reverified: reverified.cloned(),
         };
-        self.append(&Record::Outcome(record))?;
-        self.pending.remove(pos);
+        let line = Self::encode(&Record::Outcome(record))?;
+        let intent = self.pending.remove(pos);
+        if let Err(e) = self.write_durably(&line) {
+            self.pending.insert(pos, intent);
+            return Err(e);
+        }
         Ok(())
     }
 }
 
-/// Replaces the journal with one holding only the pending intents. At
-/// every step `journal.jsonl` is either the whole old file or the new one.
-fn rotate(state_dir: &Path, path: &Path, pending: &[Intent]) -> Result<File, JournalError> {
+/// Replaces the journal with one holding only the pending intents; returns
+/// it and its size. At every step `journal.jsonl` is either the whole old
+/// file or the new one.
+fn rotate(state_dir: &Path, path: &Path, pending: &[Intent]) -> Result<(File, u64), JournalError> {
     let tmp = state_dir.join(format!("{JOURNAL_FILE}.tmp"));
     let old = state_dir.join(format!("{JOURNAL_FILE}.1"));
     let old_tmp = state_dir.join(format!("{JOURNAL_FILE}.1.tmp"));
@@ -268,59 +359,147 @@ fn rotate(state_dir: &Path, path: &Path, pending: &[Intent]) -> Result<File, Jou
     fs::rename(&tmp, path).map_err(io_err(path))?;
     sync_dir(state_dir).map_err(io_err(state_dir))?;
     tracing::info!(journal = %path.display(), kept = pending.len(), "journal rotated; the old one is {}", old.display());
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .append(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
-        .map_err(io_err(path))
+        .map_err(io_err(path))?;
+    Ok((file, body.len() as u64))
 }
 
-/// Parses the journal's bytes: (pending intents, warnings, last line torn).
-fn load(bytes: &[u8]) -> (Vec<Intent>, Vec<String>, bool) {
-    let mut pending: Vec<Intent> = Vec::new();
-    let mut warnings = Vec::new();
-    let torn = !bytes.is_empty() && !bytes.ends_with(b"\n");
-    let lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
-    let last = lines.len().saturating_sub(1);
-    for (n, line) in lines.iter().enumerate() {
-        if line.iter().all(u8::is_ascii_whitespace) {
+/// What loading found.
+#[derive(Debug, Default)]
+struct Loaded {
+    /// Intents with no outcome, in file order.
+    pending: Vec<Intent>,
+    /// What was skipped (torn or garbage lines, stray outcomes).
+    warnings: Vec<String>,
+    /// The last line has no newline: a crash cut it short.
+    torn: bool,
+}
+
+/// Only the kind and id of a record: enough to pair intents with outcomes
+/// without decoding verdicts.
+#[derive(Deserialize)]
+struct RecordHead {
+    record: RecordKind,
+    #[serde(default)]
+    id: String,
+}
+
+#[derive(Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum RecordKind {
+    Intent,
+    Outcome,
+    CleanStop,
+}
+
+/// Whether the file's last line is a `clean_stop` record (read from the
+/// end, at most [`TAIL_BYTES`]).
+fn ends_with_clean_stop(file: &mut File, size: u64) -> io::Result<bool> {
+    use std::io::Read as _;
+    let start = size.saturating_sub(TAIL_BYTES);
+    file.seek(SeekFrom::Start(start))?;
+    let mut tail = Vec::with_capacity((size - start) as usize);
+    file.take(size - start).read_to_end(&mut tail)?;
+    // Back to the start for a full load (appends go to the end regardless).
+    file.seek(SeekFrom::Start(0))?;
+    let Some(body) = tail.strip_suffix(b"\n") else { return Ok(false) };
+    let last = body.rsplit(|b| *b == b'\n').next().unwrap_or(body);
+    Ok(matches!(serde_json::from_slice::<RecordHead>(last), Ok(RecordHead { record: RecordKind::CleanStop, .. })))
+}
+
+/// Reads the journal in two passes: the kind and id of every line, then
+/// the full records of the intents left without outcome (usually none).
+/// Memory holds one line at a time plus the ids of open intents.
+fn load<R: BufRead + Seek>(reader: &mut R) -> io::Result<Loaded> {
+    let mut out = Loaded::default();
+    // (id, offset, length) of intents not yet settled, in file order.
+    let mut open: Vec<(String, u64, usize)> = Vec::new();
+    let mut line = Vec::new();
+    let mut offset = 0u64;
+    let mut n = 0usize;
+    loop {
+        line.clear();
+        let read = reader.read_until(b'\n', &mut line)?;
+        if read == 0 {
+            break;
+        }
+        n += 1;
+        let at = offset;
+        offset += read as u64;
+        let complete = line.last() == Some(&b'\n');
+        let body = if complete { &line[..line.len() - 1] } else { &line[..] };
+        if body.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<Record>(line) {
-            Ok(Record::Intent(intent)) => pending.push(intent),
-            Ok(Record::Outcome(outcome)) => match pending.iter().position(|i| i.id == outcome.id) {
+        if !complete {
+            out.torn = true;
+        }
+        match serde_json::from_slice::<RecordHead>(body) {
+            Ok(RecordHead { record: RecordKind::Intent, id }) => open.push((id, at, body.len())),
+            Ok(RecordHead { record: RecordKind::CleanStop, .. }) => {}
+            Ok(RecordHead { record: RecordKind::Outcome, id }) => match open.iter().rposition(|(i, _, _)| *i == id) {
                 Some(pos) => {
-                    pending.remove(pos);
+                    open.remove(pos);
                 }
-                None => warnings.push(format!("line {}: outcome for unknown intent {}", n + 1, outcome.id)),
+                None => out.warnings.push(format!("line {n}: outcome for unknown intent {id}")),
             },
-            Err(e) if n == last && torn => warnings.push(format!(
-                "line {}: torn last record ({} bytes, {e}); skipped: a crash cut it short before it was acted on",
-                n + 1,
-                line.len()
+            Err(e) if !complete => out.warnings.push(format!(
+                "line {n}: torn last record ({} bytes, {e}); skipped: a crash cut it short before it was acted on",
+                body.len()
             )),
-            Err(e) => warnings.push(format!("line {}: not a journal record ({e}); skipped", n + 1)),
+            Err(e) => out.warnings.push(format!("line {n}: not a journal record ({e}); skipped")),
         }
     }
-    (pending, warnings, torn)
+    for (id, at, len) in open {
+        reader.seek(SeekFrom::Start(at))?;
+        let mut body = vec![0u8; len];
+        reader.read_exact(&mut body)?;
+        match serde_json::from_slice::<Record>(&body) {
+            Ok(Record::Intent(intent)) => out.pending.push(intent),
+            Ok(Record::Outcome(_) | Record::CleanStop(_)) => {}
+            Err(e) => out.warnings.push(format!("intent {id}: not a complete record ({e}); skipped")),
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn load_bytes(bytes: &[u8]) -> Loaded {
+        load(&mut io::Cursor::new(bytes)).expect("reading memory")
+    }
+
     #[test]
     fn garbage_is_skipped_with_warnings() {
-        let (pending, warnings, torn) = load(b"not json\n{\"record\":\"outcome\"}\n\n{\"record\":\"int");
+        let Loaded { pending, warnings, torn } =
+            load_bytes(b"not json\n{\"record\":\"outcome\"}\n\n{\"record\":\"int");
         assert!(pending.is_empty());
         assert!(torn);
         assert_eq!(warnings.len(), 3, "{warnings:?}");
         assert!(warnings[2].contains("torn last record"));
-        let (_, warnings, torn) = load(b"");
+        let Loaded { warnings, torn, .. } = load_bytes(b"");
         assert!(warnings.is_empty() && !torn);
-        let (_, _, torn) = load(&[0xff, 0x00, b'\n']);
+        let Loaded { torn, .. } = load_bytes(&[0xff, 0x00, b'\n']);
         assert!(!torn);
+    }
+
+    #[test]
+    fn only_open_intents_are_decoded_and_a_bad_one_is_a_warning() {
+        // The settled intent is not valid as a full record: the first pass
+        // never needs it, so it costs nothing and warns nothing.
+        let text = b"{\"record\":\"intent\",\"id\":\"a\",\"broken\":true}\n\
+            {\"record\":\"outcome\",\"id\":\"a\"}\n\
+            {\"record\":\"intent\",\"id\":\"b\"}\n";
+        let Loaded { pending, warnings, torn } = load_bytes(text);
+        assert!(pending.is_empty() && !torn);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("intent b:"), "{warnings:?}");
     }
 
     #[test]

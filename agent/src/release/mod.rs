@@ -13,6 +13,7 @@ pub mod journal;
 pub mod lastlook;
 pub mod outcome;
 pub mod report;
+pub mod retry;
 
 use std::{
     collections::HashMap,
@@ -55,7 +56,13 @@ pub struct ReleaserConfig {
     #[doc(hidden)]
     #[serde(skip)]
     pub abort_after_intent: bool,
+    /// Longest wait for a plugin's lock; None: [`DEFAULT_LOCK_TIMEOUT`].
+    #[serde(skip)]
+    pub lock_timeout: Option<std::time::Duration>,
 }
+
+/// How long a release waits for a host-local network's lock by default.
+pub const DEFAULT_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// One release attempt, for reports and logs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +111,11 @@ impl Releaser {
     #[must_use]
     pub fn journal(&self) -> &Journal {
         &self.journal
+    }
+
+    /// The journal, to record a clean stop (`Journal::close_clean`).
+    pub fn journal_mut(&mut self) -> &mut Journal {
+        &mut self.journal
     }
 
     #[must_use]
@@ -178,6 +190,9 @@ impl Releaser {
         }
         let mut outcomes = Vec::with_capacity(accepted.len());
         let mut touched: Vec<PathBuf> = Vec::new();
+        // A network whose lock stayed busy is not waited for again in this
+        // batch: the others must not queue behind a stuck plugin.
+        let mut busy: Vec<Outcome> = Vec::new();
         for v in &accepted {
             let r = &v.reservation;
             let dir = r.path.parent().unwrap_or(Path::new(""));
@@ -188,7 +203,14 @@ impl Releaser {
                 .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
                 .map(|o| o.ip)
                 .collect();
-            let outcome = self.execute_with(r, dry_run, Some(others), false);
+            let busy_here = busy.iter().find(|b| matches!(b, Outcome::LockBusy { lock, .. } if lock.parent() == Some(dir)));
+            let outcome = match busy_here {
+                Some(earlier) => earlier.clone(),
+                None => self.execute_with(r, dry_run, Some(others), false),
+            };
+            if busy_here.is_none() && matches!(outcome, Outcome::LockBusy { .. }) {
+                busy.push(outcome.clone());
+            }
             if outcome.released() {
                 if let Some(list) = held.get_mut(&(dir, r.container_id.as_str())) {
                     list.retain(|o| o.ip != r.ip);
@@ -271,11 +293,12 @@ impl Releaser {
             Ok(t) => t,
             Err(reason) => return Outcome::Refused { reason },
         };
+        let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
         let look = self.look.as_mut();
         let mut outcome = if dry_run {
             hostlocal::would_release(r, &target, look)
         } else {
-            hostlocal::release(r, &target, sync_dir, look)
+            hostlocal::release(r, &target, sync_dir, look, lock_timeout)
         };
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.

@@ -38,6 +38,15 @@ pub enum Outcome {
     Anomalous { kind: AnomalyKind, detail: String },
     /// The store could not be read or changed.
     Failed { error: String },
+    /// The plugin's lock was still held when the wait ran out (a plugin
+    /// stuck?): nothing was touched; retried later, with back-off.
+    LockBusy {
+        lock: PathBuf,
+        waited_ms: u64,
+        /// "pid (comm)" of each holder, when /proc/locks names them.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        holders: Vec<String>,
+    },
     /// A dry-run intent found without outcome at start: nothing was done.
     DryRunClosed,
 }
@@ -71,6 +80,14 @@ impl fmt::Display for Outcome {
             Self::Refused { reason } => write!(f, "refused: {reason}"),
             Self::Anomalous { kind, detail } => write!(f, "not released: {kind:?}: {detail}"),
             Self::Failed { error } => write!(f, "failed: {error}"),
+            Self::LockBusy { lock, waited_ms, holders } => {
+                let by = if holders.is_empty() { "another process".to_owned() } else { holders.join(", ") };
+                write!(
+                    f,
+                    "not released: {} still held by {by} after waiting {waited_ms} ms (a CNI plugin stuck?); retried later",
+                    lock.display()
+                )
+            }
             Self::DryRunClosed => f.write_str("dry-run intent closed; nothing was done"),
         }
     }

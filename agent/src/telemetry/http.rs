@@ -1,10 +1,5 @@
-//! A tiny HTTP/1.1 server for /metrics, /healthz, /readyz and /state.
-//!
-//! Hand-written on tokio's `TcpListener` to keep the dependency tree lean:
-//! the agent only ever answers small GETs from kubelet and Prometheus.
-//! One request per connection (`Connection: close`); the request head is
-//! bounded in size and time, connections are bounded in number, and nothing
-//! a client sends can end the server.
+//! The HTTP server for /metrics, /healthz, /readyz and /state, on hyper 1
+//! (HTTP/1.1, keep-alive) and the agent's tokio runtime.
 //!
 //! | path       | answer |
 //! |------------|--------|
@@ -14,46 +9,76 @@
 //! | `/state`   | 200 with the JSON of the [`StateProvider`] |
 //!
 //! Other paths are 404; methods other than GET and HEAD on these paths 405.
+//!
+//! Who may ask what: /healthz and /readyz answer anyone (kubelet probes the
+//! node's address when the pod has hostNetwork). /metrics and /state answer
+//! loopback clients only, unless [`Exposure`] opens them: /state lists every
+//! pod IP and container of the node, /metrics is for a configured scraper.
+//!
+//! What a client can hold: a request head is bounded in size
+//! ([`MAX_REQUEST_HEAD`]) and time ([`HEADER_TIMEOUT`], which also closes
+//! keep-alive connections idle that long); a connection lives at most
+//! [`MAX_CONNECTION_AGE`]; at most [`MAX_CONNECTIONS`] are open. When the
+//! table is full, a new connection evicts the oldest one that has no request
+//! being answered, so idle connections can never starve a health probe.
+//! Responses are bounded by [`MAX_RESPONSE_BYTES`]; /state is rendered on
+//! the blocking pool, never on the thread that serves events.
 
 use std::{
+    collections::HashMap,
+    convert::Infallible,
     io,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     panic::{AssertUnwindSafe, catch_unwind},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::Incoming,
+    header::{self, HeaderValue},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
-    io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpListener, TcpStream},
-    sync::watch,
-    task::JoinSet,
-    time::timeout,
+    sync::{Semaphore, watch},
+    task::{AbortHandle, JoinSet},
 };
 use tracing::{debug, info, warn};
 
 use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
 
 /// Default listen address: loopback, so a plain-host install exposes
-/// nothing. The `DaemonSet`'s `ConfigMap` widens it for Prometheus scrapes.
+/// nothing. The `DaemonSet`'s `ConfigMap` widens it for kubelet and Prometheus.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9742";
 /// Largest request head accepted (request line and headers); kubelet's and
-/// Prometheus's requests are a few hundred bytes.
+/// Prometheus's requests are a few hundred bytes. hyper answers 431 beyond.
 pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
-/// Time a client has to send its whole request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// Time a client has to take the whole response.
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more are closed at accept.
-pub const MAX_CONNECTIONS: usize = 32;
-/// After answering, unread request bytes are drained for at most this long
-/// (and at most `LINGER_MAX_BYTES`) before closing: closing a socket with
-/// unread input sends a RST that can destroy the response in flight.
-const LINGER: Duration = Duration::from_secs(1);
-const LINGER_MAX_BYTES: usize = 64 * 1024;
+/// Time a client has to send a whole request head, counted from the
+/// connection's start or the end of the previous response: a keep-alive
+/// connection idle this long is closed.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection is asked to close after this long (the response in flight
+/// is finished, within [`CLOSE_GRACE`]); a keep-alive scraper reconnects.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_mins(1);
+/// Time a connection asked to close has to finish its response.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
+/// Connections open at once. When full, the oldest connection not being
+/// answered is closed to make room; if all are being answered, the new one is.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Largest response body; /state past it is refused with 503 (use
+/// `netreap scan --json` on such a node).
+pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
+/// /state renderings at once (each on the blocking pool); more get 503.
+const MAX_STATE_RENDERS: usize = 2;
 /// Pause after a failed accept (e.g. EMFILE) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -92,9 +117,17 @@ impl Readiness {
     }
 }
 
-/// Produces the JSON served at /state; called once per request, on the
-/// runtime's thread, so it must be quick (a snapshot of the model).
+/// Produces the JSON served at /state; called once per request on tokio's
+/// blocking pool (so it may take a lock and copy), never on the event thread.
 pub type StateProvider = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// Which endpoints answer clients beyond loopback (config keys
+/// `expose_metrics`, `expose_state`). /healthz and /readyz always do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exposure {
+    pub metrics: bool,
+    pub state: bool,
+}
 
 /// What the server answers with.
 #[derive(Clone)]
@@ -102,44 +135,79 @@ pub struct Endpoints {
     pub metrics: Metrics,
     pub readiness: Readiness,
     pub state: StateProvider,
+    pub exposure: Exposure,
 }
 
 impl std::fmt::Debug for Endpoints {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoints").field("readiness", &self.readiness).finish_non_exhaustive()
+        f.debug_struct("Endpoints")
+            .field("readiness", &self.readiness)
+            .field("exposure", &self.exposure)
+            .finish_non_exhaustive()
     }
 }
 
 /// Binds the listener. Separate from [`serve`] so a bad address fails at
 /// start, and so tests can bind port 0 and learn the port.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
-    TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Shared by every connection.
+struct Shared {
+    endpoints: Endpoints,
+    state_renders: Semaphore,
+}
+
+/// An open connection in the table.
+struct Open {
+    since: Instant,
+    /// A request of it is being answered (the service is running).
+    busy: Arc<AtomicBool>,
+    abort: AbortHandle,
 }
 
 /// Serves until `shutdown` turns true (or its sender is dropped), then
 /// stops accepting and aborts the connections still open. Runs on any
 /// tokio runtime, `current_thread` included.
-pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    endpoints: Endpoints,
+    mut shutdown: watch::Receiver<bool>,
+) {
     if let Ok(addr) = listener.local_addr() {
-        info!(%addr, "http: serving /metrics /healthz /readyz /state");
+        info!(%addr, exposure = ?endpoints.exposure, "http: serving /metrics /healthz /readyz /state");
     }
+    let shared = Arc::new(Shared {
+        endpoints,
+        state_renders: Semaphore::new(MAX_STATE_RENDERS),
+    });
     let mut connections = JoinSet::new();
+    let mut open: HashMap<tokio::task::Id, Open> = HashMap::new();
     loop {
         tokio::select! {
             () = stop_requested(&mut shutdown) => break,
-            Some(done) = connections.join_next(), if !connections.is_empty() => {
-                if let Err(e) = done {
-                    warn!("http: a connection task failed: {e}");
+            Some(done) = connections.join_next_with_id(), if !connections.is_empty() => match done {
+                Ok((id, ())) => { open.remove(&id); }
+                Err(e) => {
+                    open.remove(&e.id());
+                    if e.is_panic() {
+                        warn!("http: a connection task panicked: {e}");
+                    }
                 }
-            }
+            },
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    if connections.len() >= MAX_CONNECTIONS {
-                        debug!(%peer, "http: too many connections; closing this one");
+                    if open.len() >= MAX_CONNECTIONS && !evict_oldest_idle(&mut open) {
+                        debug!(%peer, "http: every connection is being answered; closing this one");
                         continue;
                     }
-                    let endpoints = endpoints.clone();
-                    connections.spawn(async move { handle(stream, &endpoints).await });
+                    let busy = Arc::new(AtomicBool::new(false));
+                    let task = connection(stream, peer, Arc::clone(&shared), Arc::clone(&busy));
+                    let abort = connections.spawn(task);
+                    open.insert(abort.id(), Open { since: Instant::now(), busy, abort });
                 }
                 Err(e) => {
                     warn!("http: accept failed: {e}");
@@ -151,6 +219,22 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut shutdown: wa
     drop(listener);
     connections.shutdown().await;
     info!("http: stopped");
+}
+
+/// Closes the oldest connection with no request being answered (idle
+/// keep-alive, or a head still arriving). False when every one is busy.
+fn evict_oldest_idle(open: &mut HashMap<tokio::task::Id, Open>) -> bool {
+    let oldest = open
+        .iter()
+        .filter(|(_, c)| !c.busy.load(Ordering::Acquire))
+        .min_by_key(|(_, c)| c.since)
+        .map(|(id, _)| *id);
+    let Some(id) = oldest else { return false };
+    if let Some(conn) = open.remove(&id) {
+        conn.abort.abort();
+        debug!("http: connection table full; closed the oldest idle connection");
+    }
+    true
 }
 
 /// Resolves once `shutdown` holds true, or its sender is gone (nobody can
@@ -165,239 +249,248 @@ async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-/// A parsed request head: only what routing needs.
-#[derive(Debug, PartialEq, Eq)]
-struct Request {
-    method: String,
-    path: String,
-    accept: Option<String>,
+/// One connection: HTTP/1.1 with keep-alive, under the head timeout and the
+/// connection's age limit.
+async fn connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    busy: Arc<AtomicBool>,
+) {
+    let service = service_fn(move |request| {
+        let (shared, busy) = (Arc::clone(&shared), Arc::clone(&busy));
+        async move {
+            busy.store(true, Ordering::Release);
+            let response = respond(&request, peer, &shared).await;
+            busy.store(false, Ordering::Release);
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .max_buf_size(MAX_REQUEST_HEAD)
+        .max_header_size(MAX_REQUEST_HEAD);
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => {
+            if let Err(e) = result {
+                debug!(%peer, "http: connection ended: {e}");
+            }
+            return;
+        }
+        () = tokio::time::sleep(MAX_CONNECTION_AGE) => conn.as_mut().graceful_shutdown(),
+    }
+    let _ = tokio::time::timeout(CLOSE_GRACE, conn).await;
 }
 
-#[derive(Debug)]
-enum HeadError {
-    /// The peer closed before sending anything: nothing to answer.
-    Empty,
-    TooLarge,
-    Malformed,
-    Io,
+/// Content negotiation for /metrics: `OpenMetrics` when the `Accept`
+/// headers rank it at least as high as the text format (`text/plain`, or a
+/// wildcard), by their q-values. No header, or only types we do not serve,
+/// gets the text format (a 200 is more useful to a scraper than a 406).
+fn prefers_openmetrics<'a>(accept: impl Iterator<Item = &'a str>) -> bool {
+    let (mut openmetrics, mut text) = (0.0_f32, 0.0_f32);
+    for range in accept.flat_map(|h| h.split(',')) {
+        let mut parts = range.split(';').map(str::trim);
+        let media = parts.next().unwrap_or("").to_ascii_lowercase();
+        let q = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
+        match media.as_str() {
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => text = text.max(q),
+            _ => {}
+        }
+    }
+    openmetrics > 0.0 && openmetrics >= text
 }
 
-struct Response {
-    status: u16,
+fn is_local(peer: IpAddr) -> bool {
+    match peer {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
+    body_response(
+        status,
+        "text/plain; charset=utf-8",
+        Bytes::from(body.into()),
+    )
+}
+
+fn body_response(
+    status: StatusCode,
     content_type: &'static str,
-    body: Vec<u8>,
-    allow: bool,
+    body: Bytes,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
 }
 
-impl Response {
-    fn text(status: u16, body: &str) -> Self {
-        Self { status, content_type: "text/plain; charset=utf-8", body: body.as_bytes().to_vec(), allow: false }
-    }
-
-    fn head_bytes(&self) -> Vec<u8> {
-        let mut head = format!(
-            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n",
-            self.status,
-            reason(self.status),
-            self.content_type,
-            self.body.len()
+async fn respond(
+    request: &Request<Incoming>,
+    peer: SocketAddr,
+    shared: &Shared,
+) -> Response<Full<Bytes>> {
+    let endpoints = &shared.endpoints;
+    // Absolute-form targets are for proxies; this is not one.
+    if request.uri().scheme().is_some() || request.uri().authority().is_some() {
+        return text(
+            StatusCode::BAD_REQUEST,
+            "bad request: absolute-form target\n",
         );
-        if self.allow {
-            head.push_str("Allow: GET, HEAD\r\n");
-        }
-        head.push_str("\r\n");
-        head.into_bytes()
     }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Unknown",
+    let path = request.uri().path();
+    if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/state") {
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found; try /metrics /healthz /readyz /state\n",
+        );
     }
-}
-
-async fn handle(mut stream: TcpStream, endpoints: &Endpoints) {
-    let (response, is_head) = match timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Err(_) => (Response::text(408, "request timeout\n"), false),
-        Ok(Err(HeadError::Empty | HeadError::Io)) => return,
-        Ok(Err(HeadError::TooLarge)) => (Response::text(431, "request head too large\n"), false),
-        Ok(Err(HeadError::Malformed)) => (Response::text(400, "bad request\n"), false),
-        Ok(Ok(request)) => (route(&request, endpoints), request.method == "HEAD"),
-    };
-    let mut bytes = response.head_bytes();
-    if !is_head {
-        bytes.extend_from_slice(&response.body);
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        let mut response = text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed; use GET\n",
+        );
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return response;
     }
-    let written = timeout(WRITE_TIMEOUT, async {
-        stream.write_all(&bytes).await?;
-        stream.shutdown().await
-    })
-    .await;
-    if !matches!(written, Ok(Ok(()))) {
-        return;
-    }
-    let _ = timeout(LINGER, drain(&mut stream)).await;
-}
-
-/// Reads and discards input until EOF or `LINGER_MAX_BYTES`.
-async fn drain(stream: &mut TcpStream) {
-    let mut scratch = [0u8; 4096];
-    let mut total = 0;
-    while total < LINGER_MAX_BYTES {
-        match stream.read(&mut scratch).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => total += n,
-        }
-    }
-}
-
-/// Reads up to the blank line that ends the head, never more than
-/// `MAX_REQUEST_HEAD` bytes.
-async fn read_head(stream: &mut TcpStream) -> Result<Request, HeadError> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await.map_err(|_| HeadError::Io)?;
-        if n == 0 {
-            return Err(if buf.is_empty() { HeadError::Empty } else { HeadError::Malformed });
-        }
-        // Only the new bytes (and 3 before them) can complete the terminator.
-        let search_from = buf.len().saturating_sub(3);
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(end) = find_head_end(&buf[search_from..]) {
-            return parse_head(&buf[..search_from + end]);
-        }
-        if buf.len() >= MAX_REQUEST_HEAD {
-            return Err(HeadError::TooLarge);
-        }
-    }
-}
-
-/// Index just past the terminating blank line (`\r\n\r\n`, or `\n\n` from a
-/// lenient client).
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| i + 4)
-        .or_else(|| buf.windows(2).position(|w| w == b"\n\n").map(|i| i + 2))
-}
-
-fn parse_head(head: &[u8]) -> Result<Request, HeadError> {
-    if head.len() > MAX_REQUEST_HEAD {
-        return Err(HeadError::TooLarge);
-    }
-    let text = std::str::from_utf8(head).map_err(|_| HeadError::Malformed)?;
-    let mut lines = text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l));
-    let request_line = lines.next().ok_or(HeadError::Malformed)?;
-    let mut parts = request_line.split(' ');
-    let (Some(method), Some(target), Some(version), None) = (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(HeadError::Malformed);
-    };
-    let method_ok = !method.is_empty() && method.bytes().all(|b| b.is_ascii_uppercase());
-    if !method_ok || !target.starts_with('/') || !version.starts_with("HTTP/1.") {
-        return Err(HeadError::Malformed);
-    }
-    let mut accept = None;
-    for line in lines.take_while(|l| !l.is_empty()) {
-        let (name, value) = line.split_once(':').ok_or(HeadError::Malformed)?;
-        if name.eq_ignore_ascii_case("accept") {
-            accept = Some(value.trim().to_owned());
-        }
-    }
-    let path = target.split_once('?').map_or(target, |(p, _)| p);
-    Ok(Request { method: method.to_owned(), path: path.to_owned(), accept })
-}
-
-fn route(request: &Request, endpoints: &Endpoints) -> Response {
-    let known = matches!(request.path.as_str(), "/metrics" | "/healthz" | "/readyz" | "/state");
-    if !known {
-        return Response::text(404, "not found; try /metrics /healthz /readyz /state\n");
-    }
-    if request.method != "GET" && request.method != "HEAD" {
-        return Response { allow: true, ..Response::text(405, "method not allowed; use GET\n") };
-    }
-    match request.path.as_str() {
+    let local = is_local(peer.ip());
+    match path {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" if endpoints.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/readyz" => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the first full reconcile has not finished\n",
+        ),
+        "/metrics" if !local && !endpoints.exposure.metrics => text(
+            StatusCode::FORBIDDEN,
+            "/metrics answers loopback clients only; set expose_metrics = true to serve it beyond\n",
+        ),
         "/metrics" => {
-            let wants_openmetrics =
-                request.accept.as_deref().is_some_and(|a| a.contains("application/openmetrics-text"));
+            let wants_openmetrics = prefers_openmetrics(
+                request
+                    .headers()
+                    .get_all(header::ACCEPT)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok()),
+            );
             let (content_type, body) = if wants_openmetrics {
-                (OPENMETRICS_CONTENT_TYPE, endpoints.metrics.encode_openmetrics())
+                (
+                    OPENMETRICS_CONTENT_TYPE,
+                    endpoints.metrics.encode_openmetrics(),
+                )
             } else {
                 (PROMETHEUS_CONTENT_TYPE, endpoints.metrics.encode())
             };
-            Response { status: 200, content_type, body: body.into_bytes(), allow: false }
-        }
-        "/healthz" => Response::text(200, "ok\n"),
-        "/readyz" => {
-            if endpoints.readiness.is_ready() {
-                Response::text(200, "ready\n")
-            } else {
-                Response::text(503, "not ready: the first full reconcile has not finished\n")
+            if body.len() > MAX_RESPONSE_BYTES {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "metrics exposition over the response size limit\n",
+                );
             }
+            body_response(StatusCode::OK, content_type, Bytes::from(body))
         }
-        _ => state(endpoints),
+        _ if !local && !endpoints.exposure.state => text(
+            StatusCode::FORBIDDEN,
+            "/state lists every pod IP of the node and answers loopback clients only; set expose_state = true to serve it beyond\n",
+        ),
+        _ => state(shared).await,
     }
 }
 
-fn state(endpoints: &Endpoints) -> Response {
-    // A panicking provider is a bug in the agent, but it must cost one 500,
-    // not the connection task and a confusing empty reply.
-    let Ok(value) = catch_unwind(AssertUnwindSafe(|| (endpoints.state)())) else {
-        return Response::text(500, "the state provider panicked\n");
+/// Renders /state on the blocking pool, bounded in count and size.
+async fn state(shared: &Shared) -> Response<Full<Bytes>> {
+    let Ok(_permit) = shared.state_renders.try_acquire() else {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "busy rendering /state; retry\n",
+        );
     };
-    match serde_json::to_vec(&value) {
-        Ok(mut body) => {
-            body.push(b'\n');
-            Response { status: 200, content_type: "application/json", body, allow: false }
+    let provider = Arc::clone(&shared.endpoints.state);
+    let rendered = tokio::task::spawn_blocking(move || render_state(&provider)).await;
+    match rendered {
+        Ok(Ok(body)) => body_response(StatusCode::OK, "application/json", Bytes::from(body)),
+        Ok(Err((status, message))) => text(status, message),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering the state: {e}\n"),
+        ),
+    }
+}
+
+/// The JSON body, or the status and message to answer instead.
+fn render_state(provider: &StateProvider) -> Result<Vec<u8>, (StatusCode, String)> {
+    // A panicking provider is a bug in the agent, but it must cost one 500,
+    // not the connection and a confusing empty reply.
+    let Ok(value) = catch_unwind(AssertUnwindSafe(|| provider())) else {
+        return Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the state provider panicked\n".to_owned(),
+        ));
+    };
+    let mut out = BoundedWriter {
+        buf: Vec::new(),
+        limit: MAX_RESPONSE_BYTES,
+    };
+    match serde_json::to_writer(&mut out, &value) {
+        Ok(()) => {
+            out.buf.push(b'\n');
+            Ok(out.buf)
         }
-        Err(e) => Response::text(500, &format!("encoding the state: {e}\n")),
+        Err(e) if e.is_io() => Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "the state is larger than {} MiB; use `netreap scan --json` on this node\n",
+                MAX_RESPONSE_BYTES / (1024 * 1024)
+            ),
+        )),
+        Err(e) => Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the state: {e}\n"),
+        )),
+    }
+}
+
+/// A `Vec` that refuses to grow past `limit`, so an oversized document
+/// costs at most `limit` bytes of memory before it is refused.
+struct BoundedWriter {
+    buf: Vec<u8>,
+    limit: usize,
+}
+
+impl io::Write for BoundedWriter {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if self.buf.len() + bytes.len() > self.limit {
+            return Err(io::Error::other("response size limit"));
+        }
+        self.buf.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
     use super::*;
-
-    #[test]
-    fn parses_a_request_head() {
-        let head = b"GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\naccept: application/openmetrics-text\r\n\r\n";
-        let end = find_head_end(head).expect("a well-formed head");
-        assert_eq!(end, head.len());
-        let req = parse_head(&head[..end]).expect("a well-formed head");
-        assert_eq!(
-            req,
-            Request {
-                method: "GET".into(),
-                path: "/metrics".into(),
-                accept: Some("application/openmetrics-text".into())
-            }
-        );
-    }
-
-    #[test]
-    fn refuses_malformed_request_lines() {
-        for bad in [
-            &b"\r\n\r\n"[..],
-            b"GET\r\n\r\n",
-            b"get / HTTP/1.1\r\n\r\n",
-            b"GET metrics HTTP/1.1\r\n\r\n",
-            b"GET / SPDY/3\r\n\r\n",
-            b"GET / HTTP/1.1 extra\r\n\r\n",
-            b"GET / HTTP/1.1\r\nno colon\r\n\r\n",
-            b"GET /\xff HTTP/1.1\r\n\r\n",
-        ] {
-            assert!(matches!(parse_head(bad), Err(HeadError::Malformed)), "{:?}", String::from_utf8_lossy(bad));
-        }
-    }
 
     #[test]
     fn readiness_is_shared_between_clones() {
@@ -408,5 +501,52 @@ mod tests {
         assert!(seen.is_ready());
         r.mark_not_ready();
         assert!(!seen.is_ready());
+    }
+
+    #[test]
+    fn loopback_peers_are_local_and_others_are_not() {
+        assert!(is_local(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        assert!(is_local(IpAddr::V4(Ipv4Addr::new(127, 9, 9, 9))));
+        assert!(is_local(IpAddr::V6(Ipv6Addr::LOCALHOST)));
+        assert!(is_local(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())));
+        assert!(!is_local(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+        assert!(!is_local(IpAddr::V6(
+            Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped()
+        )));
+    }
+
+    #[test]
+    fn negotiation_follows_q_values() {
+        let prefers = |headers: &[&str]| prefers_openmetrics(headers.iter().copied());
+        assert!(!prefers(&[]), "no Accept: text");
+        assert!(!prefers(&["*/*"]));
+        assert!(!prefers(&["text/plain"]));
+        assert!(prefers(&["application/openmetrics-text"]));
+        // Prometheus 2.x's own header.
+        assert!(prefers(&[
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+        ]));
+        assert!(!prefers(&[
+            "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5"
+        ]));
+        assert!(
+            !prefers(&["application/openmetrics-text;q=0"]),
+            "q=0 means not acceptable"
+        );
+        assert!(
+            prefers(&["text/plain;q=0.2", "Application/OpenMetrics-Text; q=0.3"]),
+            "several headers, any case"
+        );
+        assert!(!prefers(&["application/json"]), "unknown only: text");
+    }
+
+    #[test]
+    fn an_oversized_state_is_refused_not_rendered() {
+        let huge: StateProvider =
+            Arc::new(|| serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) }));
+        let refused = render_state(&huge).expect_err("over the limit");
+        assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE);
+        let small: StateProvider = Arc::new(|| serde_json::json!({ "ok": true }));
+        assert_eq!(render_state(&small).expect("small"), b"{\"ok\":true}\n");
     }
 }

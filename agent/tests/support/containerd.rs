@@ -358,6 +358,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             self.cache_dir.clone().into(),
             "--state-dir".into(),
             self.state_dir.clone().into(),
+            // containerd runs the plugins from its own bin dir: only runs of
+            // binaries in a CNI bin dir count.
+            "--cni-bin-dir".into(),
+            self.dir.path().join("cni-bin").into(),
+            "--cni-bin-dir".into(),
+            "/usr/lib/cni".into(),
         ]
     }
 
