@@ -205,6 +205,27 @@ async fn wait_for_death(
     }
 }
 
+/// Waits until every netns in `inodes` is reported dead, once each, on the
+/// kernel's word: its RTM_DELNSID, or (in the moment between the kernel
+/// dropping the nsid and sending that notice, or after a lost notice) a
+/// dump aimed at the nsid refused.
+async fn each_dies_once(deaths: &mut Receiver<NetnsDeath>, inodes: &HashSet<u32>, timeout: Duration) {
+    let mut dead = HashSet::new();
+    let deadline = Instant::now() + timeout;
+    while dead.len() < inodes.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, deaths.recv()).await {
+            Ok(Some(d)) => {
+                if let Some(i) = d.inode.filter(|i| inodes.contains(i)) {
+                    assert!(matches!(d.source, DeathSource::RtmDelnsid | DeathSource::NsidGone), "{d:?}");
+                    assert!(dead.insert(i), "netns {i} reported dead twice");
+                }
+            }
+            other => panic!("{} of {} deaths seen, then {other:?}", dead.len(), inodes.len()),
+        }
+    }
+}
+
 fn addresses(n: &NetnsView) -> BTreeSet<(IpAddr, u8)> {
     n.global_addresses().map(|a| (a.ip, a.prefix_len)).collect()
 }
@@ -547,28 +568,9 @@ fn three_hundred_namespaces_come_and_go_and_no_fd_leaks() {
                 .iter()
                 .fold(String::new(), |s, n| s + "netns del " + n + "\n"),
         );
-        let mut dead = HashSet::new();
         // Lost notices are found by the next resync's dump per nsid: 600
         // dumps, slow under emulation. A bound for correctness, not speed.
-        let deadline = Instant::now() + WAIT * 6;
-        while dead.len() < N {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, deaths.recv()).await {
-                Ok(Some(d)) => {
-                    if let Some(i) = d.inode.filter(|i| inodes.contains(i)) {
-                        // The kernel's word: its RTM_DELNSID, or (in the
-                        // moment between the kernel dropping the nsid and
-                        // sending that notice) a dump aimed at the nsid refused.
-                        assert!(
-                            matches!(d.source, DeathSource::RtmDelnsid | DeathSource::NsidGone),
-                            "{d:?}"
-                        );
-                        assert!(dead.insert(i), "netns {i} reported dead twice");
-                    }
-                }
-                other => panic!("{} of {N} deaths seen, then {other:?}", dead.len()),
-            }
-        }
+        each_dies_once(&mut deaths, &inodes, WAIT * 6).await;
         let s = watcher.snapshot().await.expect("snapshot");
         let ours_alive: Vec<_> = s
             .alive()
@@ -863,24 +865,7 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
         for chunk in names.chunks(100) {
             ip_batch(&chunk.iter().map(|n| format!("netns del {n}\n")).collect::<String>());
         }
-        let mut dead = HashSet::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while dead.len() < N {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left, deaths.recv()).await {
-                Ok(Some(d)) => {
-                    if let Some(i) = d.inode.filter(|i| inodes.contains(i)) {
-                        assert!(
-                            matches!(d.source, DeathSource::RtmDelnsid | DeathSource::NsidGone),
-                            "{d:?}"
-                        );
-                        assert!(dead.insert(i), "netns {i} reported dead twice");
-                    }
-                }
-                Ok(None) => panic!("death channel closed"),
-                Err(_) => panic!("only {} of {N} deaths seen", dead.len()),
-            }
-        }
+        each_dies_once(&mut deaths, &inodes, Duration::from_secs(60)).await;
         watcher.stop().await.expect("clean stop");
     });
 }
