@@ -195,8 +195,12 @@ fn leaks_made_while_netreap_was_down_are_released_at_start() {
     let done = wait_until(Duration::from_secs(5), || lab.reservations("downnet").len() == 1);
     assert!(done.is_some(), "leaks not released; log:\n{}", agent.log());
     assert_eq!(lab.reservations("downnet")[0].1, live.container_id, "the live pod keeps its IP");
-    let releases: Vec<_> =
-        agent.events_named("release").into_iter().filter(|r| event_time(r) >= started).collect();
+    // The release events follow the unlinks (the batch reports when done).
+    let ours = || -> Vec<serde_json::Value> {
+        agent.events_named("release").into_iter().filter(|r| event_time(r) >= started).collect()
+    };
+    wait_until(Duration::from_secs(5), || ours().len() >= 2);
+    let releases = ours();
     assert_eq!(releases.len(), 2, "{releases:#?}");
     for r in &releases {
         let took = event_time(r).duration_since(started).unwrap();
