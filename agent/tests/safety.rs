@@ -85,12 +85,15 @@ fn a_live_netns_netreap_cannot_open_keeps_its_ip() {
          touch {ready}; exec sleep 600",
         ready = ready.display()
     );
-    struct Hidden(Child, String);
+    struct Hidden(Child, String, String);
     impl Drop for Hidden {
         fn drop(&mut self) {
             let _ = self.0.kill();
             let _ = self.0.wait();
             let _ = Command::new("ip").args(["link", "del", &self.1]).status();
+            // The mount point `ip netns add` made on the shared /run stays
+            // behind an unmounted, empty file: remove it.
+            let _ = std::fs::remove_file(format!("/run/netns/{}", self.2));
         }
     }
     let child = Command::new("unshare")
@@ -98,7 +101,7 @@ fn a_live_netns_netreap_cannot_open_keeps_its_ip() {
         .stdout(Stdio::null())
         .spawn()
         .expect("unshare");
-    let _hidden = Hidden(child, veth.clone());
+    let _hidden = Hidden(child, veth.clone(), name.clone());
     assert!(wait_until(Duration::from_secs(10), || ready.exists()).is_some(), "hidden netns set up");
     let host_sees = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!host_sees.contains(&name), "the netns must not be mounted where netreap looks");
