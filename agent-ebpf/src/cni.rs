@@ -154,15 +154,15 @@ fn step(scan: &mut EnvScan, data: &mut CniExecData, chunk: &mut [u64; CHUNK_WORD
         let (w0, w1) = (chunk[0], chunk[1]);
         if w0 & 0xffff_ffff == CNI_PREFIX {
             if is(w0, w1, &COMMAND) {
-                data.flags |= cni_flag::HAS_COMMAND | copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
+                data.flags |=
+                    cni_flag::HAS_COMMAND | copy_value(&mut data.command, p + 12, cni_flag::COMMAND_TRUNCATED);
             } else if is(w0, w1, &CONTAINER_ID) {
                 data.flags |= cni_flag::HAS_CONTAINER_ID
                     | copy_value(&mut data.container_id, p + 16, cni_flag::CONTAINER_ID_TRUNCATED);
             } else if is(w0, w1, &NETNS) {
                 data.flags |= cni_flag::HAS_NETNS | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
             } else if is(w0, w1, &IFNAME) {
-                data.flags |=
-                    cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
+                data.flags |= cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
             }
         }
     }

@@ -98,9 +98,7 @@ pub fn netreap_enter_setns(ctx: TracePointContext) -> u32 {
     // nstype 0 means "any type": the fd may be a netns, so compare after.
     // SAFETY: offset inside the tracepoint record.
     match unsafe { ctx.read_at::<u64>(SYSCALL_ARG1) } {
-        Ok(nstype) if nstype == 0 || nstype & CLONE_NEWNET != 0 => {
-            remember_current(via::SETNS).unwrap_or(0)
-        }
+        Ok(nstype) if nstype == 0 || nstype & CLONE_NEWNET != 0 => remember_current(via::SETNS).unwrap_or(0),
         _ => 0,
     }
 }

@@ -54,18 +54,10 @@ fn row(name: &str, mut v: Vec<Duration>) {
     );
 }
 
-fn report(
-    kernel: Vec<Duration>,
-    model: Vec<Duration>,
-    overhead: Vec<Duration>,
-    stats: &ModelStats,
-) {
+fn report(kernel: Vec<Duration>, model: Vec<Duration>, overhead: Vec<Duration>, stats: &ModelStats) {
     println!();
     println!("netns death latency, {NAMESPACES} namespaces with a veth pair each (ms)");
-    println!(
-        "{:<44} {:>9} {:>9} {:>9} {:>9}",
-        "", "p50", "p99", "mean", "max"
-    );
+    println!("{:<44} {:>9} {:>9} {:>9} {:>9}", "", "p50", "p99", "mean", "max");
     row("kernel: ip netns del -> RTM_DELNSID (plain)", kernel);
     row("model:  ip netns del -> marked dead", model);
     row("model after kernel (same death)", overhead);
@@ -94,23 +86,14 @@ fn main() {
     let names: Vec<String> = (0..NAMESPACES).map(|i| format!("{prefix}{i}")).collect();
     let _cleanup = Cleanup(names.clone());
     let kernel_deaths = plain_nsid_listener();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
-        let config = WatcherConfig {
-            resync_interval: Duration::from_hours(1),
-            ..WatcherConfig::default()
-        };
+        let config = WatcherConfig { resync_interval: Duration::from_hours(1), ..WatcherConfig::default() };
         let (watcher, mut deaths) = Watcher::start(config).await.expect("model starts");
         // Each netns with a veth pair to the host, as a pod has.
         let mut setup = String::new();
         for (i, n) in names.iter().enumerate() {
-            let _ = writeln!(
-                setup,
-                "netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}"
-            );
+            let _ = writeln!(setup, "netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}");
         }
         ip_batch(&setup);
         for n in &names {
@@ -120,9 +103,7 @@ fn main() {
             .iter()
             .map(|n| {
                 use std::os::unix::fs::MetadataExt as _;
-                std::fs::metadata(format!("/run/netns/{n}"))
-                    .expect("netns mount")
-                    .ino() as u32
+                std::fs::metadata(format!("/run/netns/{n}")).expect("netns mount").ino() as u32
             })
             .collect();
         let nsids: HashMap<u32, i32> = loop {
@@ -130,9 +111,7 @@ fn main() {
             let found: HashMap<u32, i32> = inodes
                 .iter()
                 .filter_map(|&i| {
-                    s.live_by_inode(i)
-                        .filter(|v| !v.addresses.is_empty())
-                        .and_then(|v| Some((i, v.nsid?)))
+                    s.live_by_inode(i).filter(|v| !v.addresses.is_empty()).and_then(|v| Some((i, v.nsid?)))
                 })
                 .collect();
             if found.len() == inodes.len() {
@@ -156,9 +135,7 @@ fn main() {
                 }
             };
             let kernel_at = loop {
-                let (n, at) = kernel_deaths
-                    .recv_timeout(Duration::from_secs(10))
-                    .expect("RTM_DELNSID seen");
+                let (n, at) = kernel_deaths.recv_timeout(Duration::from_secs(10)).expect("RTM_DELNSID seen");
                 if n == nsid {
                     break at;
                 }

@@ -16,10 +16,7 @@
 //! 4. burst: 1,000 namespaces with reservations deleted by one `ip -batch`:
 //!    time until every file is gone; lost records and resyncs.
 
-#![allow(
-    clippy::cast_precision_loss,
-    reason = "counts and KiB shown as f64 are far below 2^52"
-)]
+#![allow(clippy::cast_precision_loss, reason = "counts and KiB shown as f64 are far below 2^52")]
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -37,8 +34,7 @@ use std::{
 
 use netreap::{
     engine::{
-        Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations,
-        Policy, Status, decide,
+        Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations, Policy, Status, decide,
     },
     ipam::{ReservationStore, hostlocal::HostLocalStore, scan_all},
 };
@@ -69,21 +65,12 @@ fn deletions(dir: &Path) -> mpsc::Receiver<(String, SystemTime)> {
     use std::os::unix::ffi::OsStrExt as _;
     // SAFETY: plain syscalls on a descriptor this thread owns.
     let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-    assert!(
-        fd >= 0,
-        "inotify_init1: {}",
-        std::io::Error::last_os_error()
-    );
+    assert!(fd >= 0, "inotify_init1: {}", std::io::Error::last_os_error());
     let mut cpath = dir.as_os_str().as_bytes().to_vec();
     cpath.push(0);
     // SAFETY: cpath is NUL-terminated.
     let wd = unsafe { libc::inotify_add_watch(fd, cpath.as_ptr().cast(), libc::IN_DELETE) };
-    assert!(
-        wd >= 0,
-        "inotify_add_watch {}: {}",
-        dir.display(),
-        std::io::Error::last_os_error()
-    );
+    assert!(wd >= 0, "inotify_add_watch {}: {}", dir.display(), std::io::Error::last_os_error());
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 << 10];
@@ -97,8 +84,7 @@ fn deletions(dir: &Path) -> mpsc::Receiver<(String, SystemTime)> {
             let mut off = 0usize;
             while off + size_of::<libc::inotify_event>() <= n as usize {
                 // SAFETY: the kernel wrote a whole event header here; read_unaligned copes with any alignment.
-                let ev: libc::inotify_event =
-                    unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
+                let ev: libc::inotify_event = unsafe { std::ptr::read_unaligned(buf[off..].as_ptr().cast()) };
                 let name_at = off + size_of::<libc::inotify_event>();
                 let name_bytes = &buf[name_at..name_at + ev.len as usize];
                 let name = CStr::from_bytes_until_nul(name_bytes)
@@ -118,10 +104,7 @@ fn deletions(dir: &Path) -> mpsc::Receiver<(String, SystemTime)> {
 
 /// nsid of every named netns, as `ip netns list` shows it ("name (id: N)").
 fn nsids() -> HashMap<String, i32> {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .expect("ip netns list");
+    let out = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
@@ -145,8 +128,7 @@ fn agent_pid() -> u32 {
             let Some((head, tail)) = stat.rsplit_once(") ") else {
                 return false;
             };
-            head.ends_with("(netreap")
-                && tail.split_whitespace().nth(1).and_then(|p| p.parse().ok()) == Some(me)
+            head.ends_with("(netreap") && tail.split_whitespace().nth(1).and_then(|p| p.parse().ok()) == Some(me)
         })
         .expect("the agent is a child of this process")
 }
@@ -155,10 +137,7 @@ fn agent_pid() -> u32 {
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("agent stat");
     let tail = stat.rsplit_once(") ").expect("stat format").1;
-    let f: Vec<u64> = tail
-        .split_whitespace()
-        .map(|s| s.parse().unwrap_or(0))
-        .collect();
+    let f: Vec<u64> = tail.split_whitespace().map(|s| s.parse().unwrap_or(0)).collect();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     // Fields 14 and 15 of stat(5); the tail starts at field 3.
@@ -170,14 +149,7 @@ fn vm_kib(pid: &str, key: &str) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| {
-            l.strip_prefix(key)?
-                .trim_start_matches(':')
-                .trim()
-                .trim_end_matches(" kB")
-                .parse()
-                .ok()
-        })
+        .find_map(|l| l.strip_prefix(key)?.trim_start_matches(':').trim().trim_end_matches(" kB").parse().ok())
         .unwrap_or(0)
 }
 
@@ -210,11 +182,7 @@ fn since(t0: SystemTime, t: SystemTime) -> Duration {
 }
 
 fn agent_counters(agent: &Agent) -> Value {
-    let dropped: u64 = agent
-        .events_named("records_dropped")
-        .iter()
-        .map(|e| e["dropped"].as_u64().unwrap_or(0))
-        .sum();
+    let dropped: u64 = agent.events_named("records_dropped").iter().map(|e| e["dropped"].as_u64().unwrap_or(0)).sum();
     let stats = &agent.state()["model"]["stats"];
     json!({
         "records_dropped_events": agent.events_named("records_dropped").len(),
@@ -227,9 +195,7 @@ fn agent_counters(agent: &Agent) -> Value {
 }
 
 fn verdict_count(agent: &Agent, status: &str) -> usize {
-    agent.state()["verdicts"]
-        .as_array()
-        .map_or(0, |v| v.iter().filter(|v| v["status"] == status).count())
+    agent.state()["verdicts"].as_array().map_or(0, |v| v.iter().filter(|v| v["status"] == status).count())
 }
 
 fn release_latencies(agent: &Agent) -> Vec<Duration> {
@@ -244,9 +210,7 @@ fn release_latencies(agent: &Agent) -> Vec<Duration> {
 
 fn ip_files(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |d| {
-        d.filter_map(Result::ok)
-            .filter(|e| e.file_name().to_string_lossy().parse::<IpAddr>().is_ok())
-            .count()
+        d.filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().parse::<IpAddr>().is_ok()).count()
     })
 }
 
@@ -269,9 +233,7 @@ fn add_all(lab: &Lab, net: &netreap::cnirt::Network, pods: &[Pod]) -> Vec<String
                 })
             })
             .collect();
-        jobs.into_iter()
-            .flat_map(|j| j.join().expect("ADD thread"))
-            .collect()
+        jobs.into_iter().flat_map(|j| j.join().expect("ADD thread")).collect()
     })
 }
 
@@ -285,13 +247,8 @@ fn latency() -> Value {
     let ips = add_all(&lab, &net, &pods);
     // The agent has seen every ADD finish: what a node looks like when a
     // sandbox dies long after its ADD.
-    let caught_up = wait_until(Duration::from_mins(1), || {
-        verdict_count(&agent, "in_use") == LEAKS
-    });
-    assert!(
-        caught_up.is_some(),
-        "agent never saw all {LEAKS} pods in use"
-    );
+    let caught_up = wait_until(Duration::from_mins(1), || verdict_count(&agent, "in_use") == LEAKS);
+    assert!(caught_up.is_some(), "agent never saw all {LEAKS} pods in use");
     let ids = nsids();
     let gone = deletions(&lab.data_dir.join("nrblat"));
     let kernel = plain_nsid_listener();
@@ -302,9 +259,7 @@ fn latency() -> Value {
         let t0 = SystemTime::now();
         pod.delete_netns();
         let released = loop {
-            let (name, at) = gone
-                .recv_timeout(Duration::from_secs(10))
-                .expect("reservation released within 10 s");
+            let (name, at) = gone.recv_timeout(Duration::from_secs(10)).expect("reservation released within 10 s");
             if name == *ip {
                 break at;
             }
@@ -329,9 +284,7 @@ fn latency() -> Value {
         }
     }
     // The last release event is written just after its unlink.
-    wait_until(Duration::from_secs(2), || {
-        release_latencies(&agent).len() >= LEAKS
-    });
+    wait_until(Duration::from_secs(2), || release_latencies(&agent).len() >= LEAKS);
     json!({
         "leaks": LEAKS,
         "kernel_netns_del_to_delnsid": dist(kernel_v),
@@ -418,38 +371,22 @@ fn scale(scratch: &Path) -> Value {
     // made is no evidence against it).
     let t_file = SystemTime::now();
     let created = Instant::now();
-    let ip_of = |net: usize, pod: usize| {
-        IpAddr::V4(Ipv4Addr::new(
-            10,
-            200 + net as u8,
-            (pod >> 8) as u8,
-            (pod & 0xff) as u8,
-        ))
-    };
+    let ip_of =
+        |net: usize, pod: usize| IpAddr::V4(Ipv4Addr::new(10, 200 + net as u8, (pod >> 8) as u8, (pod & 0xff) as u8));
     let cid = |pod: usize| format!("{pod:08x}{}", "c".repeat(56));
     for net in 0..SCALE_NETWORKS {
         let dir = data.join(format!("net{net}"));
         std::fs::create_dir_all(&dir).expect("network dir");
         for pod in 0..pods {
-            std::fs::write(
-                dir.join(ip_of(net, pod).to_string()),
-                format!("{}\r\nnet{net}", cid(pod)),
-            )
-            .expect("reservation");
+            std::fs::write(dir.join(ip_of(net, pod).to_string()), format!("{}\r\nnet{net}", cid(pod)))
+                .expect("reservation");
         }
-        std::fs::write(
-            dir.join("last_reserved_ip.0"),
-            ip_of(net, pods - 1).to_string(),
-        )
-        .expect("last");
+        std::fs::write(dir.join("last_reserved_ip.0"), ip_of(net, pods - 1).to_string()).expect("last");
         std::fs::write(dir.join("lock"), "").expect("lock");
     }
     let create_s = created.elapsed().as_secs_f64();
 
-    let mut obs = Observations {
-        watching_since: Some(t_file - Duration::from_mins(1)),
-        ..Observations::default()
-    };
+    let mut obs = Observations { watching_since: Some(t_file - Duration::from_mins(1)), ..Observations::default() };
     for pod in 0..pods {
         let id = NetnsId::new(Some(4_026_600_000 + pod as u64), Some(pod as i32), None);
         let path = PathBuf::from(format!("/run/netns/cni-{pod:08x}"));
@@ -463,12 +400,7 @@ fn scale(scratch: &Path) -> Value {
                 paths: vec![path.clone()],
             });
         } else {
-            obs.live.push(LiveNetns {
-                id,
-                container_ids: vec![cid(pod)],
-                addresses,
-                paths: vec![path.clone()],
-            });
+            obs.live.push(LiveNetns { id, container_ids: vec![cid(pod)], addresses, paths: vec![path.clone()] });
         }
         obs.bindings.push(Binding {
             container_id: cid(pod),
@@ -494,12 +426,7 @@ fn scale(scratch: &Path) -> Value {
     let t = Instant::now();
     let scan = scan_all(&[&store as &dyn ReservationStore]);
     let scan_t = t.elapsed();
-    assert_eq!(
-        scan.reservations.len(),
-        SCALE_FILES,
-        "every file scanned: {:?}",
-        scan.anomalies.first()
-    );
+    assert_eq!(scan.reservations.len(), SCALE_FILES, "every file scanned: {:?}", scan.anomalies.first());
     let scan_hwm_kib = vm_kib("self", "VmHWM").saturating_sub(base_kib);
 
     // The engine looks each reservation's container up by linear search
@@ -511,10 +438,7 @@ fn scale(scratch: &Path) -> Value {
     let sample = SCALE_FILES / 10;
     let t = Instant::now();
     let sampled = decide(&obs, &scan.reservations[..sample], now, &policy);
-    let orphaned_in_sample = sampled
-        .iter()
-        .filter(|v| v.status == Status::Orphaned)
-        .count();
+    let orphaned_in_sample = sampled.iter().filter(|v| v.status == Status::Orphaned).count();
     drop(sampled);
     let per = t.elapsed() / sample as u32;
     let projected = per * SCALE_FILES as u32;
@@ -522,10 +446,7 @@ fn scale(scratch: &Path) -> Value {
         let t = Instant::now();
         let verdicts = decide(&obs, &scan.reservations, now, &policy);
         let took = t.elapsed();
-        let orphaned = verdicts
-            .iter()
-            .filter(|v| v.status == Status::Orphaned)
-            .count();
+        let orphaned = verdicts.iter().filter(|v| v.status == Status::Orphaned).count();
         (took, true, Some(orphaned))
     } else {
         (projected, false, None)
@@ -562,19 +483,11 @@ fn burst() -> Value {
     let setup = Instant::now();
     let mut pods: Vec<Pod> = (0..BURST).map(|_| lab.pod()).collect();
     let ips = add_all(&lab, &net, &pods);
-    let caught_up = wait_until(Duration::from_mins(3), || {
-        verdict_count(&agent, "in_use") == BURST
-    });
-    assert!(
-        caught_up.is_some(),
-        "agent never saw all {BURST} pods in use"
-    );
+    let caught_up = wait_until(Duration::from_mins(3), || verdict_count(&agent, "in_use") == BURST);
+    assert!(caught_up.is_some(), "agent never saw all {BURST} pods in use");
     let setup_s = setup.elapsed().as_secs_f64();
     let ids = nsids();
-    let ours: HashSet<i32> = pods
-        .iter()
-        .filter_map(|p| ids.get(&p.name).copied())
-        .collect();
+    let ours: HashSet<i32> = pods.iter().filter_map(|p| ids.get(&p.name).copied()).collect();
     let dir = lab.data_dir.join("nrbburst");
     let gone = deletions(&dir);
     let kernel = plain_nsid_listener();
@@ -652,27 +565,10 @@ fn table(items: &BTreeMap<String, Value>) -> String {
         let removed = &l["netns_del_to_file_removed"];
         let share = &l["agent_share_after_delnsid"];
         let d = |v: &Value| {
-            format!(
-                "p50 {:.1} / p99 {:.1} / max {:.1} ms",
-                f(&v["p50_ms"]),
-                f(&v["p99_ms"]),
-                f(&v["max_ms"])
-            )
+            format!("p50 {:.1} / p99 {:.1} / max {:.1} ms", f(&v["p50_ms"]), f(&v["p99_ms"]), f(&v["max_ms"]))
         };
-        line(
-            &mut out,
-            &format!("1. kernel: `ip netns del` -> RTM_DELNSID ({LEAKS} netns)"),
-            "-",
-            &d(kernel),
-            None,
-        );
-        line(
-            &mut out,
-            "1. `ip netns del` -> reservation file removed",
-            "-",
-            &d(removed),
-            None,
-        );
+        line(&mut out, &format!("1. kernel: `ip netns del` -> RTM_DELNSID ({LEAKS} netns)"), "-", &d(kernel), None);
+        line(&mut out, "1. `ip netns del` -> reservation file removed", "-", &d(removed), None);
         line(
             &mut out,
             "1. agent's share (removed - RTM_DELNSID)",
@@ -720,11 +616,7 @@ fn table(items: &BTreeMap<String, Value>) -> String {
                 f(&s["scan_and_classify_s"]),
                 f(&s["scan_s"]),
                 f(&s["classify_s"]),
-                if measured {
-                    ""
-                } else {
-                    " projected from 10,000"
-                }
+                if measured { "" } else { " projected from 10,000" }
             ),
             Some(f(&s["scan_and_classify_s"]) < 1.0),
         );
@@ -737,26 +629,21 @@ fn table(items: &BTreeMap<String, Value>) -> String {
         );
     }
     if let Some(b) = items.get("burst") {
-        let all = b["all_released_s"]
-            .as_f64()
-            .filter(|_| b["unreleased_after_60s"] == 0);
+        let all = b["all_released_s"].as_f64().filter(|_| b["unreleased_after_60s"] == 0);
         line(
             &mut out,
             &format!("4. burst: {BURST} netns deleted at once -> all released"),
             "< 2 s",
-            &all.map_or_else(
-                || format!("{} left after 60 s", b["unreleased_after_60s"]),
-                |s| format!("{s:.2} s"),
-            ),
+            &all.map_or_else(|| format!("{} left after 60 s", b["unreleased_after_60s"]), |s| format!("{s:.2} s")),
             Some(all.is_some_and(|s| s < 2.0)),
         );
         line(
             &mut out,
             "4. kernel: last RTM_DELNSID of the burst",
             "-",
-            &b["kernel_last_delnsid_s"].as_f64().map_or("-".into(), |s| {
-                format!("{s:.2} s ({} seen)", b["kernel_delnsid_seen"])
-            }),
+            &b["kernel_last_delnsid_s"]
+                .as_f64()
+                .map_or("-".into(), |s| format!("{s:.2} s ({} seen)", b["kernel_delnsid_seen"])),
             None,
         );
         let c = &b["counters"];
@@ -764,10 +651,7 @@ fn table(items: &BTreeMap<String, Value>) -> String {
             &mut out,
             "4. records lost / overruns / resyncs",
             "0 or recovered",
-            &format!(
-                "{} / {} / {}",
-                c["records_dropped"], c["model_overruns"], c["model_resyncs"]
-            ),
+            &format!("{} / {} / {}", c["records_dropped"], c["model_overruns"], c["model_resyncs"]),
             Some(c["records_dropped"] == 0 || b["unreleased_after_60s"] == 0),
         );
         line(
@@ -792,10 +676,7 @@ fn main() {
         println!("reclaim: run with `cargo bench` to measure");
         return;
     }
-    let asked: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| ITEMS.contains(&a.as_str()))
-        .collect();
+    let asked: Vec<String> = std::env::args().skip(1).filter(|a| ITEMS.contains(&a.as_str())).collect();
     let run = |item: &str| asked.is_empty() || asked.iter().any(|a| a == item);
     if (run("latency") || run("overhead") || run("burst"))
         && !(support::kernel_tests_possible() && cni_plugins_present())
@@ -817,11 +698,7 @@ fn main() {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default();
-    let stamp = || {
-        SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    };
+    let stamp = || SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut current = BTreeMap::new();
     for item in ITEMS.iter().filter(|i| run(i)) {
         eprintln!("reclaim: {item}...");
@@ -834,12 +711,7 @@ fn main() {
             _ => burst(),
         };
         v["unix_time"] = json!(stamp());
-        v["loadavg_before"] = json!(
-            load.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
+        v["loadavg_before"] = json!(load.split_whitespace().take(3).collect::<Vec<_>>().join(" "));
         v["took_s"] = json!(t.elapsed().as_secs_f64());
         eprintln!("reclaim: {item} took {:.1} s", t.elapsed().as_secs_f64());
         current.insert((*item).to_owned(), v.clone());
@@ -851,16 +723,9 @@ fn main() {
         "unix_time": stamp(),
         "items": results,
     });
-    std::fs::write(
-        &json_path,
-        serde_json::to_string_pretty(&doc).expect("json"),
-    )
-    .expect("write reclaim.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&doc).expect("json")).expect("write reclaim.json");
     println!();
-    println!(
-        "netreap reclaim benchmarks (issue 6), Linux {uname}, {} CPUs",
-        doc["cpus"]
-    );
+    println!("netreap reclaim benchmarks (issue 6), Linux {uname}, {} CPUs", doc["cpus"]);
     print!("{}", table(&current));
     println!("figures: {}", json_path.display());
 }

@@ -52,11 +52,8 @@ impl NetnsId {
                 _ => None,
             }
         }
-        let parts = [
-            agree(self.inode, other.inode),
-            agree(self.nsid, other.nsid),
-            agree(self.first_seen, other.first_seen),
-        ];
+        let parts =
+            [agree(self.inode, other.inode), agree(self.nsid, other.nsid), agree(self.first_seen, other.first_seen)];
         let shared = agree(self.inode, other.inode) == Some(true) || agree(self.nsid, other.nsid) == Some(true);
         shared && parts.iter().all(|p| *p != Some(false))
     }

@@ -160,9 +160,7 @@ async fn cri(config: &Config) -> Source {
                 let events = match witness.connected() {
                     Some(client) => match client.container_events().await {
                         Ok(_) => "container events followed".to_owned(),
-                        Err(e) if e.is_unimplemented() => {
-                            "no GetContainerEvents: listed on each reconcile".to_owned()
-                        }
+                        Err(e) if e.is_unimplemented() => "no GetContainerEvents: listed on each reconcile".to_owned(),
                         Err(e) => format!("container events: {e}"),
                     },
                     None => String::new(),

@@ -60,10 +60,17 @@ fn live_pods_are_kept_named_and_the_cri_source_is_active() {
         let ip = ip_of(&ctd, &pod.id);
         let kept = wait_until(Duration::from_secs(5), || {
             verdict_of(&agent, &ip).is_some_and(|v| {
-                v["status"] == "in_use" && v["summary"].as_str().unwrap_or("").contains(&format!("pod nrc/{}", pod.name))
+                v["status"] == "in_use"
+                    && v["summary"].as_str().unwrap_or("").contains(&format!("pod nrc/{}", pod.name))
             })
         });
-        assert!(kept.is_some(), "{} not in use with its pod named: {:?}\n{}", pod.name, verdict_of(&agent, &ip), agent.log());
+        assert!(
+            kept.is_some(),
+            "{} not in use with its pod named: {:?}\n{}",
+            pod.name,
+            verdict_of(&agent, &ip),
+            agent.log()
+        );
     }
     // Several reconciles later, both are still reserved.
     std::thread::sleep(Duration::from_secs(3));
@@ -80,16 +87,15 @@ fn live_pods_are_kept_named_and_the_cri_source_is_active() {
     assert!(cri.contains(" active ") && cri.contains("containerd") && cri.contains("2 sandboxes"), "{sources}");
     // No kubeconfig and not in a pod: the Kubernetes source is off, and says why.
     assert!(
-        sources.lines().any(|l| l.starts_with("Kubernetes API") && l.contains("inactive") && l.contains("no --kubeconfig")),
+        sources
+            .lines()
+            .any(|l| l.starts_with("Kubernetes API") && l.contains("inactive") && l.contains("no --kubeconfig")),
         "{sources}"
     );
     let scan = netreap(&ctd.netreap_args(), "scan");
     assert!(scan.contains("runtime yes") && scan.contains("pod nrc/nrc-web-1") && scan.contains("READY"), "{scan}");
     let attachments = netreap(&["--metrics-addr".into(), agent.addr.to_string().into()], "attachments");
-    assert!(
-        pods.iter().all(|p| attachments.contains(&format!("{}  pod nrc/{}", p.id, p.name))),
-        "{attachments}"
-    );
+    assert!(pods.iter().all(|p| attachments.contains(&format!("{}  pod nrc/{}", p.id, p.name))), "{attachments}");
 }
 
 /// containerd 1.6 treats a DEL error containing "not found" as success and
@@ -135,7 +141,10 @@ fn a_notready_sandbox_with_a_live_netns_is_stuck_and_kept() {
     assert!(ctd.stop_pod(&pod.id).is_err(), "the teardown must fail");
     assert_eq!(ctd.state(&pod.id), api::PodSandboxState::SandboxNotready as i32);
     let reported = wait_until(Duration::from_secs(5), || {
-        agent.events_named("sandbox_stuck").iter().any(|e| e["sandbox_id"] == pod.id.as_str() && e["pod"] == "nrc/nrc-stuck")
+        agent
+            .events_named("sandbox_stuck")
+            .iter()
+            .any(|e| e["sandbox_id"] == pod.id.as_str() && e["pod"] == "nrc/nrc-stuck")
     });
     assert!(reported.is_some(), "no sandbox_stuck event; log:\n{}", agent.log());
     assert!(agent.metrics().contains("netreap_sandboxes_stuck 1"), "{}", agent.metrics());
@@ -272,7 +281,8 @@ fn recorded_responses_read_like_the_live_runtime() {
     let tmp = ctd.dir.path().to_str().unwrap().to_owned();
     let network = ctd.network.clone();
     let check = |name: &str, live: HashMap<String, String>| {
-        let text = serde_json::to_string_pretty(&live).unwrap().replace(&tmp, "/tmp/nrC-recorded").replace(&network, "nrCnet");
+        let text =
+            serde_json::to_string_pretty(&live).unwrap().replace(&tmp, "/tmp/nrC-recorded").replace(&network, "nrCnet");
         let path = testdata.join(name);
         if record {
             std::fs::write(&path, text.clone() + "\n").unwrap();

@@ -112,12 +112,8 @@ fn translate(daemonset: &Value, configmap: &Value, root: &Path, node_name: &str,
         args.push(format!("{key}={value}"));
     }
     // Volumes: hostPath (re-rooted when it holds state), configMap.
-    let volumes: BTreeMap<&str, &Value> = spec["volumes"]
-        .as_array()
-        .expect("volumes")
-        .iter()
-        .map(|v| (str_at(&v["name"], "volume name"), v))
-        .collect();
+    let volumes: BTreeMap<&str, &Value> =
+        spec["volumes"].as_array().expect("volumes").iter().map(|v| (str_at(&v["name"], "volume name"), v)).collect();
     for mount in c["volumeMounts"].as_array().expect("volumeMounts") {
         let volume = volumes[str_at(&mount["name"], "volumeMount name")];
         let target = str_at(&mount["mountPath"], "mountPath");

@@ -48,22 +48,12 @@ impl Server {
             let rt = support::runtime();
             rt.block_on(async move {
                 let listener = http::bind(bind).await.expect("bind");
-                bound_tx
-                    .send(listener.local_addr().expect("bound address"))
-                    .expect("test waits");
+                bound_tx.send(listener.local_addr().expect("bound address")).expect("test waits");
                 http::serve(listener, endpoints, stopped).await;
             });
         });
-        let addr = bound_rx
-            .recv_timeout(Duration::from_secs(5))
-            .expect("server bound");
-        Self {
-            addr,
-            metrics,
-            readiness,
-            stop,
-            thread: Some(thread),
-        }
+        let addr = bound_rx.recv_timeout(Duration::from_secs(5)).expect("server bound");
+        Self { addr, metrics, readiness, stop, thread: Some(thread) }
     }
 
     fn to(&self, ip: Ipv4Addr) -> SocketAddr {
@@ -83,27 +73,13 @@ impl Drop for Server {
 /// One GET on a fresh connection: (status, body).
 fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("socket option");
-    let accept = accept
-        .map(|a| format!("Accept: {a}\r\n"))
-        .unwrap_or_default();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n"
-    )
-    .expect("send");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("socket option");
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n").expect("send");
     let mut raw = String::new();
     s.read_to_string(&mut raw).expect("read reply");
-    let status = raw
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("reply {raw:?}"));
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+    let status = raw.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("reply {raw:?}"));
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (status, body)
 }
 
@@ -132,67 +108,33 @@ fn timed_healthz(addr: SocketAddr) -> Duration {
 #[test]
 fn idle_connections_never_starve_a_health_probe() {
     let server = Server::start("127.0.0.1:0".parse().expect("address"), Exposure::default());
-    let mut idle: Vec<TcpStream> = (0..200)
-        .map(|_| TcpStream::connect(server.addr).expect("connect"))
-        .collect();
+    let mut idle: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(server.addr).expect("connect")).collect();
     // Let the server accept them all (each is then an open, idle connection).
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..5 {
         let took = timed_healthz(server.addr);
-        assert!(
-            took < Duration::from_millis(100),
-            "/healthz took {took:?} with 200 idle connections held"
-        );
+        assert!(took < Duration::from_millis(100), "/healthz took {took:?} with 200 idle connections held");
     }
-    assert!(
-        idle.iter().all(|c| !closed_by_server(c)),
-        "200 is under the limit: every idle connection is still held"
-    );
+    assert!(idle.iter().all(|c| !closed_by_server(c)), "200 is under the limit: every idle connection is still held");
 
     // Past the table's size, the oldest idle connections make room.
     idle.extend((0..100).map(|_| TcpStream::connect(server.addr).expect("connect")));
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..5 {
         let took = timed_healthz(server.addr);
-        assert!(
-            took < Duration::from_millis(100),
-            "/healthz took {took:?} with 300 idle connections opened"
-        );
+        assert!(took < Duration::from_millis(100), "/healthz took {took:?} with 300 idle connections opened");
     }
-    let closed: Vec<usize> = idle
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| closed_by_server(c))
-        .map(|(i, _)| i)
-        .collect();
+    let closed: Vec<usize> = idle.iter().enumerate().filter(|(_, c)| closed_by_server(c)).map(|(i, _)| i).collect();
     let over = idle.len() + 10 - http::MAX_CONNECTIONS;
-    assert!(
-        closed.len() >= idle.len() - http::MAX_CONNECTIONS,
-        "closed {} of {}",
-        closed.len(),
-        idle.len()
-    );
-    assert!(
-        closed.len() <= over,
-        "closed {} of {}: more than needed",
-        closed.len(),
-        idle.len()
-    );
-    assert!(
-        closed.iter().all(|i| *i < over),
-        "the oldest were evicted, not the newest: {closed:?}"
-    );
+    assert!(closed.len() >= idle.len() - http::MAX_CONNECTIONS, "closed {} of {}", closed.len(), idle.len());
+    assert!(closed.len() <= over, "closed {} of {}: more than needed", closed.len(), idle.len());
+    assert!(closed.iter().all(|i| *i < over), "the oldest were evicted, not the newest: {closed:?}");
 
     // An idle connection is closed once the head timeout passes.
     let lone = TcpStream::connect(server.addr).expect("connect");
-    let took = support::agent::wait_until(http::HEADER_TIMEOUT + Duration::from_secs(3), || {
-        closed_by_server(&lone)
-    })
-    .expect("an idle connection is closed after the head timeout");
-    assert!(
-        took + Duration::from_millis(500) >= http::HEADER_TIMEOUT,
-        "closed after {took:?}"
-    );
+    let took = support::agent::wait_until(http::HEADER_TIMEOUT + Duration::from_secs(3), || closed_by_server(&lone))
+        .expect("an idle connection is closed after the head timeout");
+    assert!(took + Duration::from_millis(500) >= http::HEADER_TIMEOUT, "closed after {took:?}");
     drop(idle);
 }
 
@@ -210,15 +152,7 @@ impl TestNetns {
         ip(&["netns", "add", &name]);
         let ns = Self { name };
         ip(&["-n", &ns.name, "link", "set", "lo", "up"]);
-        ip(&[
-            "-n",
-            &ns.name,
-            "addr",
-            "add",
-            &format!("{REMOTE}/32"),
-            "dev",
-            "lo",
-        ]);
+        ip(&["-n", &ns.name, "addr", "add", &format!("{REMOTE}/32"), "dev", "lo"]);
         ns
     }
 
@@ -239,18 +173,13 @@ impl TestNetns {
 
 impl Drop for TestNetns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
     }
 }
 
 #[test]
 fn metrics_and_state_answer_beyond_loopback_only_when_exposed() {
-    assert!(
-        support::kernel_tests_possible(),
-        "needs root to make a network namespace"
-    );
+    assert!(support::kernel_tests_possible(), "needs root to make a network namespace");
     let ns = TestNetns::new();
     let statuses = |exposure: Exposure| {
         ns.run(move || {
@@ -266,29 +195,12 @@ fn metrics_and_state_answer_beyond_loopback_only_when_exposed() {
         })
     };
     let (remote, local, refusal) = statuses(Exposure::default());
-    assert_eq!(
-        remote,
-        [200, 200, 403, 403],
-        "by default only the probes answer beyond loopback"
-    );
+    assert_eq!(remote, [200, 200, 403, 403], "by default only the probes answer beyond loopback");
     assert_eq!(local, [200, 200, 200, 200], "loopback gets everything");
-    assert!(
-        refusal.contains("expose_state"),
-        "the refusal names the key: {refusal}"
-    );
-    let (remote, _, _) = statuses(Exposure {
-        metrics: true,
-        state: false,
-    });
-    assert_eq!(
-        remote,
-        [200, 200, 200, 403],
-        "expose_metrics opens /metrics only"
-    );
-    let (remote, _, _) = statuses(Exposure {
-        metrics: true,
-        state: true,
-    });
+    assert!(refusal.contains("expose_state"), "the refusal names the key: {refusal}");
+    let (remote, _, _) = statuses(Exposure { metrics: true, state: false });
+    assert_eq!(remote, [200, 200, 200, 403], "expose_metrics opens /metrics only");
+    let (remote, _, _) = statuses(Exposure { metrics: true, state: true });
     assert_eq!(remote, [200, 200, 200, 200]);
 }
 
@@ -299,9 +211,7 @@ fn promtool() -> &'static str {
     ["/usr/bin/promtool", "/usr/local/bin/promtool"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
-        .unwrap_or_else(|| {
-            panic!("promtool not found: apt-get install prometheus (cargo xtask test installs it)")
-        })
+        .unwrap_or_else(|| panic!("promtool not found: apt-get install prometheus (cargo xtask test installs it)"))
 }
 
 /// Runs promtool with `args`, `input` on stdin; panics with its output on failure.
@@ -313,12 +223,7 @@ fn run_promtool(args: &[&str], input: &str, what: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run promtool");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(input.as_bytes())
-        .expect("feed promtool");
+    child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("feed promtool");
     let out = child.wait_with_output().expect("promtool");
     assert!(
         out.status.success(),
@@ -352,11 +257,8 @@ fn promtool_accepts_metrics_with_and_without_openmetrics() {
     m.ringbuf_drops(1);
     m.resync("netlink");
     m.observe_death_to_release(Duration::from_millis(3));
-    let text_accepts = [
-        None,
-        Some("text/plain;version=0.0.4"),
-        Some("text/plain;q=0.9,application/openmetrics-text;q=0.5"),
-    ];
+    let text_accepts =
+        [None, Some("text/plain;version=0.0.4"), Some("text/plain;q=0.9,application/openmetrics-text;q=0.5")];
     for accept in text_accepts {
         let (status, body) = get(server.addr, "/metrics", accept);
         assert_eq!(status, 200);
@@ -367,31 +269,15 @@ fn promtool_accepts_metrics_with_and_without_openmetrics() {
     for accept in [PROMETHEUS_ACCEPT, "application/openmetrics-text"] {
         let (status, body) = get(server.addr, "/metrics", Some(accept));
         assert_eq!(status, 200);
-        assert!(
-            body.ends_with("# EOF\n"),
-            "OpenMetrics for Accept {accept:?}"
-        );
+        assert!(body.ends_with("# EOF\n"), "OpenMetrics for Accept {accept:?}");
         let stamped: String = body
             .lines()
-            .map(|l| {
-                if l.starts_with('#') {
-                    format!("{l}\n")
-                } else {
-                    format!("{l} 1700000000\n")
-                }
-            })
+            .map(|l| if l.starts_with('#') { format!("{l}\n") } else { format!("{l} 1700000000\n") })
             .collect();
         let input = dir.path().join("metrics.om");
         std::fs::write(&input, &stamped).expect("write the exposition");
         let blocks = dir.path().join(format!("blocks-{}", accept.len()));
-        let (input, blocks) = (
-            input.to_string_lossy().into_owned(),
-            blocks.to_string_lossy().into_owned(),
-        );
-        run_promtool(
-            &["tsdb", "create-blocks-from", "openmetrics", &input, &blocks],
-            &stamped,
-            accept,
-        );
+        let (input, blocks) = (input.to_string_lossy().into_owned(), blocks.to_string_lossy().into_owned());
+        run_promtool(&["tsdb", "create-blocks-from", "openmetrics", &input, &blocks], &stamped, accept);
     }
 }

@@ -67,9 +67,7 @@ impl NamedNetns {
 
 impl Drop for NamedNetns {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
@@ -88,21 +86,11 @@ struct Child(std::process::Child);
 impl Child {
     /// `unshare -n sleep`: a netns held by a process only, no bind mount.
     fn in_new_netns() -> Self {
-        Self(
-            Command::new("unshare")
-                .args(["-n", "sleep", "600"])
-                .spawn()
-                .expect("run unshare"),
-        )
+        Self(Command::new("unshare").args(["-n", "sleep", "600"]).spawn().expect("run unshare"))
     }
 
     fn in_netns(name: &str) -> Self {
-        Self(
-            Command::new("ip")
-                .args(["netns", "exec", name, "sleep", "600"])
-                .spawn()
-                .expect("run ip netns exec"),
-        )
+        Self(Command::new("ip").args(["netns", "exec", name, "sleep", "600"]).spawn().expect("run ip netns exec"))
     }
 
     fn pid(&self) -> u32 {
@@ -114,8 +102,7 @@ impl Child {
         let deadline = Instant::now() + WAIT;
         loop {
             let inode = inode_of(&format!("/proc/{}/ns/net", self.pid()));
-            let comm =
-                std::fs::read_to_string(format!("/proc/{}/comm", self.pid())).unwrap_or_default();
+            let comm = std::fs::read_to_string(format!("/proc/{}/comm", self.pid())).unwrap_or_default();
             if inode != not && comm.trim() == "sleep" {
                 return inode;
             }
@@ -137,9 +124,7 @@ impl Drop for Child {
 }
 
 fn inode_of(path: &str) -> u32 {
-    std::fs::metadata(path)
-        .unwrap_or_else(|e| panic!("{path}: {e}"))
-        .ino() as u32
+    std::fs::metadata(path).unwrap_or_else(|e| panic!("{path}: {e}")).ino() as u32
 }
 
 fn own_inode() -> u32 {
@@ -149,10 +134,7 @@ fn own_inode() -> u32 {
 fn config() -> WatcherConfig {
     // No periodic resync: what the tests see comes from events, scans on
     // mount changes and the resyncs they ask for.
-    WatcherConfig {
-        resync_interval: Duration::from_hours(1),
-        ..WatcherConfig::default()
-    }
+    WatcherConfig { resync_interval: Duration::from_hours(1), ..WatcherConfig::default() }
 }
 
 /// Distinct addresses per test run (host routes share one table).
@@ -178,19 +160,12 @@ async fn wait_for<T>(
         if let Some(found) = check(&snapshot) {
             return found;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; model: {snapshot:#?}"
-        );
+        assert!(Instant::now() < deadline, "timed out waiting for {what}; model: {snapshot:#?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-async fn wait_for_death(
-    deaths: &mut Receiver<NetnsDeath>,
-    inode: u32,
-    timeout: Duration,
-) -> NetnsDeath {
+async fn wait_for_death(deaths: &mut Receiver<NetnsDeath>, inode: u32, timeout: Duration) -> NetnsDeath {
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -231,17 +206,11 @@ fn addresses(n: &NetnsView) -> BTreeSet<(IpAddr, u8)> {
 }
 
 fn set(items: &[(&str, u8)]) -> BTreeSet<(IpAddr, u8)> {
-    items
-        .iter()
-        .map(|(ip, len)| (ip.parse().expect("ip"), *len))
-        .collect()
+    items.iter().map(|(ip, len)| (ip.parse().expect("ip"), *len)).collect()
 }
 
 #[test]
-#[expect(
-    clippy::too_many_lines,
-    reason = "one topology, built and checked step by step"
-)]
+#[expect(clippy::too_many_lines, reason = "one topology, built and checked step by step")]
 fn the_model_matches_namespaces_with_veths_and_addresses() {
     if !possible() {
         return;
@@ -251,62 +220,19 @@ fn the_model_matches_namespaces_with_veths_and_addresses() {
         let (watcher, _deaths) = Watcher::start(config()).await.expect("model starts");
         let (a, b) = (NamedNetns::new(), NamedNetns::new());
         let t = unique("nrm");
-        let (va, vb, hl, pl) = (
-            format!("{t}a"),
-            format!("{t}b"),
-            format!("{t}h"),
-            format!("{t}p"),
-        );
+        let (va, vb, hl, pl) = (format!("{t}a"), format!("{t}b"), format!("{t}h"), format!("{t}p"));
         let (x, y) = octets();
         let pod_v4 = format!("10.77.{x}.{y}");
         let peer_v4 = format!("10.77.{x}.{}", y.wrapping_add(1));
         let pod_v6 = format!("fd00:77:{x}::{y}");
         let routed = format!("198.18.{x}.{y}");
-        ip(&[
-            "-n", &a.name, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns",
-            &b.name,
-        ]);
+        ip(&["-n", &a.name, "link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", &b.name]);
         let _host_link = HostThing(vec!["link".into(), "del".into(), hl.clone()]);
-        ip(&[
-            "link", "add", &hl, "type", "veth", "peer", "name", &pl, "netns", &a.name,
-        ]);
-        ip(&[
-            "-n",
-            &a.name,
-            "addr",
-            "add",
-            &format!("{pod_v4}/24"),
-            "dev",
-            &va,
-        ]);
-        ip(&[
-            "-n",
-            &a.name,
-            "addr",
-            "add",
-            &format!("{pod_v6}/64"),
-            "dev",
-            &va,
-            "nodad",
-        ]);
-        ip(&[
-            "-n",
-            &a.name,
-            "addr",
-            "add",
-            &format!("{routed}/32"),
-            "dev",
-            &pl,
-        ]);
-        ip(&[
-            "-n",
-            &b.name,
-            "addr",
-            "add",
-            &format!("{peer_v4}/24"),
-            "dev",
-            &vb,
-        ]);
+        ip(&["link", "add", &hl, "type", "veth", "peer", "name", &pl, "netns", &a.name]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{pod_v4}/24"), "dev", &va]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{pod_v6}/64"), "dev", &va, "nodad"]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{routed}/32"), "dev", &pl]);
+        ip(&["-n", &b.name, "addr", "add", &format!("{peer_v4}/24"), "dev", &vb]);
         for (ns, dev) in [(&a.name, &va), (&a.name, &pl), (&b.name, &vb)] {
             ip(&["-n", ns, "link", "set", dev, "up"]);
         }
@@ -317,63 +243,36 @@ fn the_model_matches_namespaces_with_veths_and_addresses() {
         let want_a = set(&[(&pod_v4, 24), (&pod_v6, 64), (&routed, 32)]);
         let want_b = set(&[(&peer_v4, 24)]);
         let host = own_inode();
-        wait_for(
-            &watcher,
-            "both namespaces, their veths, addresses and the host route",
-            WAIT,
-            |s| {
-                let na = s.live_by_inode(a.inode)?;
-                let nb = s.live_by_inode(b.inode)?;
-                let iface = |n: &NetnsView, name: &str| {
-                    n.interfaces
-                        .iter()
-                        .find(|i| i.name.as_deref() == Some(name))
-                        .cloned()
-                };
-                let (ia, ib, ip_, ih) = (
-                    iface(na, &va)?,
-                    iface(nb, &vb)?,
-                    iface(na, &pl)?,
-                    iface(s.live_by_inode(host)?, &hl)?,
-                );
-                let peer = |i: &netreap::model::InterfaceView| {
-                    i.link
-                        .as_ref()
-                        .and_then(|l| Some((l.ifname.clone()?, l.netns?)))
-                };
-                let ok = addresses(na) == want_a
-                    && addresses(nb) == want_b
-                    && na.bind_mounts.iter().any(|m| m.ends_with(&a.name))
-                    && ia.kind.as_deref() == Some("veth")
-                    && peer(&ia).is_some_and(|(n, r)| n == vb && r.inode == Some(b.inode))
-                    && peer(&ib).is_some_and(|(n, r)| n == va && r.inode == Some(a.inode))
-                    && peer(&ip_).is_some_and(|(n, r)| n == hl && r.host)
-                    && peer(&ih).is_some_and(|(n, r)| n == pl && r.inode == Some(a.inode))
-                    && na.host_routes.contains(&routed.parse().ok()?)
-                    && s.host_routes.iter().any(|r| {
-                        r.dst.to_string() == routed
-                            && r.netns.is_some_and(|n| n.inode == Some(a.inode))
-                    });
-                ok.then_some(())
-            },
-        )
+        wait_for(&watcher, "both namespaces, their veths, addresses and the host route", WAIT, |s| {
+            let na = s.live_by_inode(a.inode)?;
+            let nb = s.live_by_inode(b.inode)?;
+            let iface =
+                |n: &NetnsView, name: &str| n.interfaces.iter().find(|i| i.name.as_deref() == Some(name)).cloned();
+            let (ia, ib, ip_, ih) =
+                (iface(na, &va)?, iface(nb, &vb)?, iface(na, &pl)?, iface(s.live_by_inode(host)?, &hl)?);
+            let peer =
+                |i: &netreap::model::InterfaceView| i.link.as_ref().and_then(|l| Some((l.ifname.clone()?, l.netns?)));
+            let ok = addresses(na) == want_a
+                && addresses(nb) == want_b
+                && na.bind_mounts.iter().any(|m| m.ends_with(&a.name))
+                && ia.kind.as_deref() == Some("veth")
+                && peer(&ia).is_some_and(|(n, r)| n == vb && r.inode == Some(b.inode))
+                && peer(&ib).is_some_and(|(n, r)| n == va && r.inode == Some(a.inode))
+                && peer(&ip_).is_some_and(|(n, r)| n == hl && r.host)
+                && peer(&ih).is_some_and(|(n, r)| n == pl && r.inode == Some(a.inode))
+                && na.host_routes.contains(&routed.parse().ok()?)
+                && s.host_routes
+                    .iter()
+                    .any(|r| r.dst.to_string() == routed && r.netns.is_some_and(|n| n.inode == Some(a.inode)));
+            ok.then_some(())
+        })
         .await;
 
         // Removing an address is seen too.
-        ip(&[
-            "-n",
-            &a.name,
-            "addr",
-            "del",
-            &format!("{pod_v6}/64"),
-            "dev",
-            &va,
-        ]);
+        ip(&["-n", &a.name, "addr", "del", &format!("{pod_v6}/64"), "dev", &va]);
         let want = set(&[(&pod_v4, 24), (&routed, 32)]);
         wait_for(&watcher, "the removed address gone", WAIT, |s| {
-            s.live_by_inode(a.inode)
-                .filter(|n| addresses(n) == want)
-                .map(|_| ())
+            s.live_by_inode(a.inode).filter(|n| addresses(n) == want).map(|_| ())
         })
         .await;
         watcher.stop().await.expect("clean stop");
@@ -392,42 +291,12 @@ fn a_deleted_netns_is_seen_dead_promptly_with_the_addresses_it_held() {
         let t = unique("nrm");
         let (x, y) = octets();
         let (v4, v6) = (format!("10.78.{x}.{y}"), format!("fd00:78:{x}::{y}"));
-        ip(&[
-            "-n",
-            &a.name,
-            "link",
-            "add",
-            &format!("{t}a"),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &format!("{t}b"),
-        ]);
-        ip(&[
-            "-n",
-            &a.name,
-            "addr",
-            "add",
-            &format!("{v4}/24"),
-            "dev",
-            &format!("{t}a"),
-        ]);
-        ip(&[
-            "-n",
-            &a.name,
-            "addr",
-            "add",
-            &format!("{v6}/64"),
-            "dev",
-            &format!("{t}a"),
-            "nodad",
-        ]);
+        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{v4}/24"), "dev", &format!("{t}a")]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{v6}/64"), "dev", &format!("{t}a"), "nodad"]);
         let want = set(&[(&v4, 24), (&v6, 64)]);
         wait_for(&watcher, "the netns and its addresses", WAIT, |s| {
-            s.live_by_inode(a.inode)
-                .filter(|n| addresses(n) == want)
-                .map(|_| ())
+            s.live_by_inode(a.inode).filter(|n| addresses(n) == want).map(|_| ())
         })
         .await;
 
@@ -436,29 +305,12 @@ fn a_deleted_netns_is_seen_dead_promptly_with_the_addresses_it_held() {
         let death = wait_for_death(&mut deaths, a.inode, DEATH).await;
         eprintln!("death seen {:?} after `ip netns del`", deleted.elapsed());
         assert_eq!(death.source, DeathSource::RtmDelnsid);
-        assert_eq!(
-            death
-                .addresses
-                .iter()
-                .map(|a| (a.ip, a.prefix_len))
-                .collect::<BTreeSet<_>>(),
-            want
-        );
-        assert!(
-            death.bind_mounts.iter().any(|m| m.ends_with(&a.name)),
-            "{death:?}"
-        );
+        assert_eq!(death.addresses.iter().map(|a| (a.ip, a.prefix_len)).collect::<BTreeSet<_>>(), want);
+        assert!(death.bind_mounts.iter().any(|m| m.ends_with(&a.name)), "{death:?}");
 
         let s = watcher.snapshot().await.expect("snapshot");
-        assert!(
-            s.live_by_inode(a.inode).is_none(),
-            "still alive in the model"
-        );
-        let dead = s
-            .netns
-            .iter()
-            .find(|n| !n.alive && n.inode == Some(a.inode))
-            .expect("kept as dead");
+        assert!(s.live_by_inode(a.inode).is_none(), "still alive in the model");
+        let dead = s.netns.iter().find(|n| !n.alive && n.inode == Some(a.inode)).expect("kept as dead");
         assert!(dead.died_at.is_some());
         assert_eq!(dead.death_source, Some(DeathSource::RtmDelnsid));
         assert_eq!(addresses(dead), want);
@@ -477,27 +329,18 @@ fn a_netns_held_by_a_process_outlives_its_bind_mount_until_the_process_exits() {
         let a = NamedNetns::new();
         let mut holder = Child::in_netns(&a.name);
         assert_eq!(holder.netns_inode(own_inode()), a.inode);
-        wait_for(&watcher, "the netns", WAIT, |s| {
-            s.live_by_inode(a.inode).map(|_| ())
-        })
-        .await;
+        wait_for(&watcher, "the netns", WAIT, |s| s.live_by_inode(a.inode).map(|_| ())).await;
 
         a.delete();
         // A full resync rescans mounts and processes: the mount is gone,
         // the process is still there, and so is the netns.
         watcher.resync().await.expect("resync");
         let s = watcher.snapshot().await.expect("snapshot");
-        let n = s
-            .live_by_inode(a.inode)
-            .expect("still alive without its bind mount");
+        let n = s.live_by_inode(a.inode).expect("still alive without its bind mount");
         assert!(n.bind_mounts.is_empty(), "{n:?}");
         assert!(n.processes.iter().any(|p| p.pid == holder.pid()), "{n:?}");
         while let Ok(d) = deaths.try_recv() {
-            assert_ne!(
-                d.inode,
-                Some(a.inode),
-                "reported dead while a process holds it: {d:?}"
-            );
+            assert_ne!(d.inode, Some(a.inode), "reported dead while a process holds it: {d:?}");
         }
 
         holder.kill();
@@ -508,9 +351,7 @@ fn a_netns_held_by_a_process_outlives_its_bind_mount_until_the_process_exits() {
 }
 
 fn fd_count() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("/proc/self/fd")
-        .count()
+    std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
 }
 
 fn netns_fds() -> Vec<String> {
@@ -537,54 +378,28 @@ fn three_hundred_namespaces_come_and_go_and_no_fd_leaks() {
         let prefix = unique("nrm");
         let names: Vec<String> = (0..N).map(|i| format!("{prefix}n{i}")).collect();
         // Guards first, so a failure half-way still removes them all.
-        let guards: Vec<HostThing> = names
-            .iter()
-            .map(|n| HostThing(vec!["netns".into(), "del".into(), n.clone()]))
-            .collect();
-        ip_batch(
-            &names
-                .iter()
-                .fold(String::new(), |s, n| s + "netns add " + n + "\n"),
-        );
-        let inodes: HashSet<u32> = names
-            .iter()
-            .map(|n| inode_of(&format!("/run/netns/{n}")))
-            .collect();
+        let guards: Vec<HostThing> =
+            names.iter().map(|n| HostThing(vec!["netns".into(), "del".into(), n.clone()])).collect();
+        ip_batch(&names.iter().fold(String::new(), |s, n| s + "netns add " + n + "\n"));
+        let inodes: HashSet<u32> = names.iter().map(|n| inode_of(&format!("/run/netns/{n}"))).collect();
         assert_eq!(inodes.len(), N);
 
         wait_for(&watcher, "all namespaces alive", WAIT, |s| {
-            inodes
-                .iter()
-                .all(|&i| {
-                    s.live_by_inode(i)
-                        .is_some_and(|n| !n.bind_mounts.is_empty())
-                })
-                .then_some(())
+            inodes.iter().all(|&i| s.live_by_inode(i).is_some_and(|n| !n.bind_mounts.is_empty())).then_some(())
         })
         .await;
 
-        ip_batch(
-            &names
-                .iter()
-                .fold(String::new(), |s, n| s + "netns del " + n + "\n"),
-        );
+        ip_batch(&names.iter().fold(String::new(), |s, n| s + "netns del " + n + "\n"));
         // Lost notices are found by the next resync's dump per nsid: 600
         // dumps, slow under emulation. A bound for correctness, not speed.
         each_dies_once(&mut deaths, &inodes, WAIT * 6).await;
         let s = watcher.snapshot().await.expect("snapshot");
-        let ours_alive: Vec<_> = s
-            .alive()
-            .filter(|n| n.inode.is_some_and(|i| inodes.contains(&i)))
-            .collect();
+        let ours_alive: Vec<_> = s.alive().filter(|n| n.inode.is_some_and(|i| inodes.contains(&i))).collect();
         // An inode may already be reused by someone else's new netns; ours
         // are the ones first seen before the deletion.
         assert!(
-            ours_alive
-                .iter()
-                .all(|n| n.first_seen > s.taken_at - Duration::from_secs(1)
-                    && n.bind_mounts
-                        .iter()
-                        .all(|m| !m.to_string_lossy().contains(&prefix))),
+            ours_alive.iter().all(|n| n.first_seen > s.taken_at - Duration::from_secs(1)
+                && n.bind_mounts.iter().all(|m| !m.to_string_lossy().contains(&prefix))),
             "{ours_alive:#?}"
         );
         assert_eq!(s.stats.deaths_dropped, 0);
@@ -611,27 +426,8 @@ fn a_model_started_after_the_namespaces_finds_them_all() {
     let t = unique("nrm");
     let (x, y) = octets();
     let v4 = format!("10.79.{x}.{y}");
-    ip(&[
-        "-n",
-        &named[0].name,
-        "link",
-        "add",
-        &format!("{t}a"),
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &format!("{t}b"),
-    ]);
-    ip(&[
-        "-n",
-        &named[0].name,
-        "addr",
-        "add",
-        &format!("{v4}/24"),
-        "dev",
-        &format!("{t}a"),
-    ]);
+    ip(&["-n", &named[0].name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+    ip(&["-n", &named[0].name, "addr", "add", &format!("{v4}/24"), "dev", &format!("{t}a")]);
     let holder = Child::in_new_netns();
     let held = holder.netns_inode(own_inode());
     runtime().block_on(async {
@@ -639,24 +435,14 @@ fn a_model_started_after_the_namespaces_finds_them_all() {
         // No waiting: start returns after the first full sync.
         let s = watcher.snapshot().await.expect("snapshot");
         for n in &named {
-            let v = s
-                .live_by_inode(n.inode)
-                .unwrap_or_else(|| panic!("{} not found", n.name));
+            let v = s.live_by_inode(n.inode).unwrap_or_else(|| panic!("{} not found", n.name));
             assert!(v.bind_mounts.iter().any(|m| m.ends_with(&n.name)), "{v:?}");
             assert!(v.nsid.is_some());
         }
-        assert_eq!(
-            addresses(s.live_by_inode(named[0].inode).expect("first")),
-            set(&[(&v4, 24)])
-        );
+        assert_eq!(addresses(s.live_by_inode(named[0].inode).expect("first")), set(&[(&v4, 24)]));
         let p = s.live_by_inode(held).expect("process-only netns found");
         assert!(p.bind_mounts.is_empty());
-        assert!(
-            p.processes
-                .iter()
-                .any(|q| q.pid == holder.pid() && q.comm == "sleep"),
-            "{p:?}"
-        );
+        assert!(p.processes.iter().any(|q| q.pid == holder.pid() && q.comm == "sleep"), "{p:?}");
         assert!(s.stats.ready);
         watcher.stop().await.expect("clean stop");
     });
@@ -685,18 +471,9 @@ fn probes_name_the_creator_and_find_a_netns_no_scan_would() {
                 assert_eq!(c.pid, holder.pid());
                 break;
             }
-            assert!(
-                Instant::now() < deadline,
-                "netns {inode} never modelled with its creator: {s:#?}"
-            );
-            if let Ok(batch) =
-                tokio::time::timeout(Duration::from_millis(50), probes.stream.next_batch()).await
-            {
-                let events = batch
-                    .expect("ring buffer")
-                    .into_iter()
-                    .filter_map(Result::ok)
-                    .collect();
+            assert!(Instant::now() < deadline, "netns {inode} never modelled with its creator: {s:#?}");
+            if let Ok(batch) = tokio::time::timeout(Duration::from_millis(50), probes.stream.next_batch()).await {
+                let events = batch.expect("ring buffer").into_iter().filter_map(Result::ok).collect();
                 watcher.kernel_events(events).await.expect("model running");
             }
         }
@@ -715,56 +492,32 @@ fn lost_notifications_are_recovered_by_a_resync() {
         // A tiny receive buffer, and `ip` run on the runtime's only thread so
         // the model cannot read while the kernel writes: notifications are
         // dropped (ENOBUFS) for sure.
-        let config = WatcherConfig {
-            receive_buffer: 4096,
-            ..config()
-        };
+        let config = WatcherConfig { receive_buffer: 4096, ..config() };
         let (watcher, mut deaths) = Watcher::start(config).await.expect("model starts");
         let prefix = unique("nrm");
         let names: Vec<String> = (0..N).map(|i| format!("{prefix}o{i}")).collect();
-        let _guards: Vec<HostThing> = names
-            .iter()
-            .map(|n| HostThing(vec!["netns".into(), "del".into(), n.clone()]))
-            .collect();
+        let _guards: Vec<HostThing> =
+            names.iter().map(|n| HostThing(vec!["netns".into(), "del".into(), n.clone()])).collect();
         ip_batch(&names.iter().enumerate().fold(String::new(), |s, (i, n)| {
-            s + &format!(
-                "netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}\n"
-            )
+            s + &format!("netns add {n}\nlink add {prefix}h{i} type veth peer name eth0 netns {n}\n")
         }));
-        let inodes: HashSet<u32> = names
-            .iter()
-            .map(|n| inode_of(&format!("/run/netns/{n}")))
-            .collect();
-        wait_for(
-            &watcher,
-            "every netns with its veth, after the overrun",
-            WAIT,
-            |s| {
-                let all = inodes.iter().all(|&i| {
-                    s.live_by_inode(i).is_some_and(|n| {
-                        n.interfaces.iter().any(|f| {
-                            f.name.as_deref() == Some("eth0")
-                                && f.link
-                                    .as_ref()
-                                    .is_some_and(|l| l.netns.is_some_and(|r| r.host))
-                        })
+        let inodes: HashSet<u32> = names.iter().map(|n| inode_of(&format!("/run/netns/{n}"))).collect();
+        wait_for(&watcher, "every netns with its veth, after the overrun", WAIT, |s| {
+            let all = inodes.iter().all(|&i| {
+                s.live_by_inode(i).is_some_and(|n| {
+                    n.interfaces.iter().any(|f| {
+                        f.name.as_deref() == Some("eth0")
+                            && f.link.as_ref().is_some_and(|l| l.netns.is_some_and(|r| r.host))
                     })
-                });
-                (all && s.stats.overruns > 0).then_some(())
-            },
-        )
+                })
+            });
+            (all && s.stats.overruns > 0).then_some(())
+        })
         .await;
         let s = watcher.snapshot().await.expect("snapshot");
-        eprintln!(
-            "overruns {}, corrections {:?}",
-            s.stats.overruns, s.stats.corrections
-        );
+        eprintln!("overruns {}, corrections {:?}", s.stats.overruns, s.stats.corrections);
 
-        ip_batch(
-            &names
-                .iter()
-                .fold(String::new(), |s, n| s + "netns del " + n + "\n"),
-        );
+        ip_batch(&names.iter().fold(String::new(), |s, n| s + "netns del " + n + "\n"));
         // Some RTM_DELNSID may be lost too: the resync finds those dead.
         let mut seen = HashSet::new();
         let deadline = Instant::now() + WAIT;
@@ -818,24 +571,15 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
     for chunk in names.chunks(100) {
         ip_batch(&chunk.iter().map(|n| format!("netns add {n}\n")).collect::<String>());
     }
-    let inodes: HashSet<u32> = names
-        .iter()
-        .map(|n| inode_of(&format!("/run/netns/{n}")))
-        .collect();
+    let inodes: HashSet<u32> = names.iter().map(|n| inode_of(&format!("/run/netns/{n}"))).collect();
     assert_eq!(inodes.len(), N);
     runtime().block_on(async {
-        let (watcher, mut deaths) = Watcher::start(WatcherConfig {
-            resync_interval: Duration::from_secs(1),
-            ..WatcherConfig::default()
-        })
-        .await
-        .expect("model starts");
+        let (watcher, mut deaths) =
+            Watcher::start(WatcherConfig { resync_interval: Duration::from_secs(1), ..WatcherConfig::default() })
+                .await
+                .expect("model starts");
         let s = watcher.snapshot().await.expect("snapshot");
-        let found = s
-            .netns
-            .iter()
-            .filter(|v| v.alive && v.inode.is_some_and(|i| inodes.contains(&i)))
-            .count();
+        let found = s.netns.iter().filter(|v| v.alive && v.inode.is_some_and(|i| inodes.contains(&i))).count();
         assert_eq!(found, N, "every namespace found at start");
         // Several resyncs (one a second, slower under emulation), each with
         // a full nsid dump: not one death of ours meanwhile.
@@ -843,10 +587,7 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
         loop {
             while let Ok(got) = tokio::time::timeout(Duration::from_millis(200), deaths.recv()).await {
                 let d = got.expect("death channel open");
-                assert!(
-                    !d.inode.is_some_and(|i| inodes.contains(&i)),
-                    "a live netns was declared dead: {d:?}"
-                );
+                assert!(!d.inode.is_some_and(|i| inodes.contains(&i)), "a live netns was declared dead: {d:?}");
             }
             let s = watcher.snapshot().await.expect("snapshot");
             if s.stats.resyncs >= 3 {
@@ -855,11 +596,7 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
             assert!(Instant::now() < until, "resyncs did not run: {:?}", s.stats);
         }
         let s = watcher.snapshot().await.expect("snapshot");
-        let alive = s
-            .netns
-            .iter()
-            .filter(|v| v.alive && v.inode.is_some_and(|i| inodes.contains(&i)))
-            .count();
+        let alive = s.netns.iter().filter(|v| v.alive && v.inode.is_some_and(|i| inodes.contains(&i))).count();
         assert_eq!(alive, N, "all alive after the resyncs");
         // Churn: every one of them dies, and each death is reported.
         for chunk in names.chunks(100) {

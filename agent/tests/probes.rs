@@ -155,10 +155,13 @@ fn setns_reports_only_a_real_change() {
         let same_pid = same.id();
         let mut out = Command::new("ip").args(["netns", "exec", &ns, "sleep", "0.2"]).spawn().expect("ip netns exec");
         let pid = out.id();
-        let (event, seen) = w.wait_for(WAIT, "setns event", |e| {
-            matches!(e, KernelEvent::NetnsEntered { task, via: NetnsVia::Setns, .. } if task.tgid == pid)
-        })
-        .await;
+        let (event, seen) = w
+            .wait_for(
+                WAIT,
+                "setns event",
+                |e| matches!(e, KernelEvent::NetnsEntered { task, via: NetnsVia::Setns, .. } if task.tgid == pid),
+            )
+            .await;
         let _ = out.wait();
         let _ = same.wait();
         let inode = std::fs::metadata(format!("/run/netns/{ns}")).expect("bind mount").ino();
@@ -266,10 +269,8 @@ fn non_cni_processes_are_filtered_in_the_kernel_and_long_values_are_flagged() {
             .expect("runs");
         let pid = cni.id();
         cni.wait().expect("exits");
-        let (event, seen) = w.wait_for(WAIT, "cni exec", |e| {
-            matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid)
-        })
-        .await;
+        let (event, seen) =
+            w.wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid)).await;
         assert!(
             !seen.iter().any(|e| e.task().tgid == plain_pid),
             "a process without CNI_COMMAND must produce no event"
@@ -393,9 +394,8 @@ fn the_exec_record_carries_the_real_uid() {
             .expect("plugin runs as nobody");
         let pid = child.id();
         child.wait().expect("exits");
-        let (event, _) = w
-            .wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid))
-            .await;
+        let (event, _) =
+            w.wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid)).await;
         let KernelEvent::CniExec { exec, .. } = event else { unreachable!() };
         assert_eq!(exec.uid, 65534);
     });

@@ -73,7 +73,11 @@ fn netns_deleted_without_del_is_released() {
     assert_eq!(lab.reservations("neta").len(), 2);
     pod.delete_netns();
     let took = wait_until(RELEASE_BOUND, || lab.reservations("neta").len() == 1);
-    assert!(took.is_some(), "not released within {RELEASE_BOUND:?}; verdicts: {:#?}", agent.events_named("verdict_changed"));
+    assert!(
+        took.is_some(),
+        "not released within {RELEASE_BOUND:?}; verdicts: {:#?}",
+        agent.events_named("verdict_changed")
+    );
     assert_eq!(lab.reservations("neta")[0].1, live.container_id, "the live pod's reservation is kept");
     wait_until(Duration::from_secs(2), || !agent.events_named("release").is_empty());
     let releases = agent.events_named("release");
@@ -361,8 +365,12 @@ fn hostile_entries_are_reported_and_untouched() {
     symlink("/etc/passwd", lab.data_dir.join("evilnet")).unwrap();
     let before = tree(&lab.data_dir);
     let mut agent = Agent::start(&lab, &["--orphan-grace", "1s", "--in-flight-grace", "1s"], &[]);
-    assert!(wait_until(Duration::from_secs(5), || agent.events_named("anomaly").len() >= 4).is_some(),
-        "anomalies not reported: {:#?}\n{}", agent.events_named("anomaly"), agent.log());
+    assert!(
+        wait_until(Duration::from_secs(5), || agent.events_named("anomaly").len() >= 4).is_some(),
+        "anomalies not reported: {:#?}\n{}",
+        agent.events_named("anomaly"),
+        agent.log()
+    );
     // It still works: a leak is released next to the garbage.
     let mut pod = lab.pod();
     lab.add(&net, &pod).expect("ADD");

@@ -128,7 +128,8 @@ fn a_live_netns_netreap_cannot_open_keeps_its_ip() {
         assert!(status.success());
     }
 
-    let agent = Agent::start(&lab, &["--orphan-grace", "2s", "--in-flight-grace", "1s", "--resync-interval", "1s"], &[]);
+    let agent =
+        Agent::start(&lab, &["--orphan-grace", "2s", "--in-flight-grace", "1s", "--resync-interval", "1s"], &[]);
     std::thread::sleep(Duration::from_secs(6));
     assert!(file.exists(), "the live netns's IP was released; events: {:#?}", agent.events_named("release"));
     let verdicts = agent.events_named("verdict_changed");
@@ -263,7 +264,15 @@ fn an_agent_in_its_own_mount_namespace_opens_host_netns_through_proc_1_root() {
     let inode = std::fs::metadata(&pod.path).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap();
     let agent = Agent::start_wrapped(
         &lab,
-        &["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs nrs-hide /run/netns && exec \"$0\" \"$@\""],
+        &[
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tmpfs nrs-hide /run/netns && exec \"$0\" \"$@\"",
+        ],
         // The host's mount table, as the DaemonSet configures /proc/1/mountinfo
         // (here the test's own: PID 1 of this sandbox is not the host).
         &["--mountinfo", &format!("/proc/{}/mountinfo", std::process::id())],
@@ -273,7 +282,9 @@ fn an_agent_in_its_own_mount_namespace_opens_host_netns_through_proc_1_root() {
         agent.state()["model"]["netns"].as_array().is_some_and(|all| {
             all.iter().any(|n| {
                 n["inode"].as_u64() == Some(inode)
-                    && n["bind_mounts"].as_array().is_some_and(|m| m.iter().any(|p| p.as_str() == Some(&format!("/run/netns/{}", pod.name))))
+                    && n["bind_mounts"]
+                        .as_array()
+                        .is_some_and(|m| m.iter().any(|p| p.as_str() == Some(&format!("/run/netns/{}", pod.name))))
             })
         })
     });

@@ -38,7 +38,8 @@ async fn start_with(state: StateProvider) -> Server {
     let addr = listener.local_addr().expect("bound address");
     let metrics = Metrics::new("9.9.9-test");
     let readiness = Readiness::new();
-    let endpoints = Endpoints { metrics: metrics.clone(), readiness: readiness.clone(), state, exposure: Exposure::default() };
+    let endpoints =
+        Endpoints { metrics: metrics.clone(), readiness: readiness.clone(), state, exposure: Exposure::default() };
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(http::serve(listener, endpoints, stopped));
     Server { addr, metrics, readiness, stop, task }

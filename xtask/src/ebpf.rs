@@ -21,23 +21,16 @@ pub fn build(ws: &Workspace) -> Result<PathBuf, BuildError> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     let mut dirs = vec![linker_dir];
     dirs.extend(std::env::split_paths(&path));
-    let path = std::env::join_paths(dirs)
-        .map_err(|e| BuildError::Toolchain(format!("cannot extend PATH: {e}")))?;
+    let path = std::env::join_paths(dirs).map_err(|e| BuildError::Toolchain(format!("cannot extend PATH: {e}")))?;
     let ld_path = std::env::join_paths(
-        std::iter::once(info.lib_dir()).chain(std::env::split_paths(
-            &std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default(),
-        )),
+        std::iter::once(info.lib_dir())
+            .chain(std::env::split_paths(&std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default())),
     )
     .map_err(|e| BuildError::Toolchain(format!("cannot extend LD_LIBRARY_PATH: {e}")))?;
 
     // bpf_target_arch lets aya-ebpf pick the right pt_regs layout; --btf
     // makes bpf-linker emit BTF so the kernel can check the programs.
-    let rustflags = [
-        "--cfg=bpf_target_arch=\"x86_64\"",
-        "-Cdebuginfo=2",
-        "-Clink-arg=--btf",
-    ]
-    .join("\x1f");
+    let rustflags = ["--cfg=bpf_target_arch=\"x86_64\"", "-Cdebuginfo=2", "-Clink-arg=--btf"].join("\x1f");
 
     let mut cmd: Command = nightly("cargo");
     cmd.current_dir(&ws.root)

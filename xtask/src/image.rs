@@ -36,7 +36,8 @@ pub struct Image {
 /// The agent's version, from the workspace's Cargo.toml.
 pub fn version(ws: &Workspace) -> Result<String, BuildError> {
     let manifest = ws.root.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest).map_err(|source| BuildError::Io { path: manifest.clone(), source })?;
+    let text =
+        std::fs::read_to_string(&manifest).map_err(|source| BuildError::Io { path: manifest.clone(), source })?;
     text.lines()
         .skip_while(|l| l.trim() != "[workspace.package]")
         .find_map(|l| l.strip_prefix("version = ").map(|v| v.trim().trim_matches('"').to_owned()))
@@ -66,7 +67,13 @@ pub fn build(ws: &Workspace) -> Result<Image, BuildError> {
     mkdir(&work)?;
 
     eprintln!("xtask image: building the agent (release)");
-    toolchain::run(Command::new("cargo").current_dir(&ws.root).args(["build", "--release", "--locked", "-p", "netreap"]))?;
+    toolchain::run(Command::new("cargo").current_dir(&ws.root).args([
+        "build",
+        "--release",
+        "--locked",
+        "-p",
+        "netreap",
+    ]))?;
     let binary = ws.target.join("release/netreap");
 
     let base_image = format!("localhost/netreap-base:{release}");
@@ -88,12 +95,7 @@ pub fn build(ws: &Workspace) -> Result<Image, BuildError> {
         )?;
         rename(&partial, &base_rootfs)?;
     }
-    toolchain::run(
-        Command::new("podman")
-            .args(["import", "--quiet"])
-            .arg(&base_rootfs)
-            .arg(&base_image),
-    )?;
+    toolchain::run(Command::new("podman").args(["import", "--quiet"]).arg(&base_rootfs).arg(&base_image))?;
 
     let context = work.join("context");
     let _ = std::fs::remove_dir_all(&context);
@@ -115,7 +117,9 @@ pub fn build(ws: &Workspace) -> Result<Image, BuildError> {
 
     let archive = ws.target.join(format!("netreap-{version}.oci.tar"));
     let _ = std::fs::remove_file(&archive);
-    toolchain::run(Command::new("podman").args(["save", "--quiet", "--format", "oci-archive", "--output"]).arg(&archive).arg(&tag))?;
+    toolchain::run(
+        Command::new("podman").args(["save", "--quiet", "--format", "oci-archive", "--output"]).arg(&archive).arg(&tag),
+    )?;
     eprintln!("xtask image: {tag} built; OCI archive {}", archive.display());
     Ok(Image { tag, archive })
 }

@@ -56,8 +56,7 @@ impl Workspace {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf);
-        let target = std::env::var_os("NETREAP_TARGET_DIR")
-            .map_or_else(|| root.join("target"), PathBuf::from);
+        let target = std::env::var_os("NETREAP_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
         Self { root, target }
     }
 

@@ -2,7 +2,6 @@
 
 use std::process::ExitCode;
 
-
 use xtask::{BuildError, Workspace, ebpf, system, toolchain};
 
 const USAGE: &str = "\
@@ -101,9 +100,13 @@ fn bench(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
     let all = extra.is_empty();
     let reclaim_args: Vec<&String> = extra.iter().filter(|a| a.as_str() != "netns_death").collect();
     if all || extra.iter().any(|a| a == "netns_death") {
-        toolchain::run(
-            std::process::Command::new("cargo").current_dir(&ws.root).args(["bench", "-p", "netreap", "--bench", "netns_death"]),
-        )?;
+        toolchain::run(std::process::Command::new("cargo").current_dir(&ws.root).args([
+            "bench",
+            "-p",
+            "netreap",
+            "--bench",
+            "netns_death",
+        ]))?;
     }
     if all || !reclaim_args.is_empty() {
         toolchain::run(

@@ -31,14 +31,13 @@ const PACKAGES: &[(&str, &str)] = &[
 /// system without a registry (mmdebstrap), and an engine to build, save and
 /// run OCI images (podman; runc, because crun refuses this kind of host's
 /// hybrid cgroups).
-pub const IMAGE_PACKAGES: &[(&str, &str)] =
-    &[
-        ("/usr/bin/mmdebstrap", "mmdebstrap"),
-        ("/usr/bin/podman", "podman"),
-        ("/usr/sbin/runc", "runc"),
-        // The release build compiles the CRI protos.
-        ("/usr/bin/protoc", "protobuf-compiler"),
-    ];
+pub const IMAGE_PACKAGES: &[(&str, &str)] = &[
+    ("/usr/bin/mmdebstrap", "mmdebstrap"),
+    ("/usr/bin/podman", "podman"),
+    ("/usr/sbin/runc", "runc"),
+    // The release build compiles the CRI protos.
+    ("/usr/bin/protoc", "protobuf-compiler"),
+];
 
 /// Installs the missing packages the tests need with apt-get (root, Debian).
 pub fn ensure_packages() -> Result<(), BuildError> {

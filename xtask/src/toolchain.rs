@@ -17,24 +17,18 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Runs a command, inheriting stdio, and turns failure into a typed error.
 pub fn run(cmd: &mut Command) -> Result<(), BuildError> {
     let command = format!("{cmd:?}");
-    let status = cmd.status().map_err(|source| BuildError::Spawn {
-        program: cmd.get_program().to_string_lossy().into_owned(),
-        source,
-    })?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(BuildError::Failed { command, status: status.to_string() })
-    }
+    let status = cmd
+        .status()
+        .map_err(|source| BuildError::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })?;
+    if status.success() { Ok(()) } else { Err(BuildError::Failed { command, status: status.to_string() }) }
 }
 
 /// Runs a command and returns its stdout.
 pub fn output(cmd: &mut Command) -> Result<String, BuildError> {
     let command = format!("{cmd:?}");
-    let out = cmd.output().map_err(|source| BuildError::Spawn {
-        program: cmd.get_program().to_string_lossy().into_owned(),
-        source,
-    })?;
+    let out = cmd
+        .output()
+        .map_err(|source| BuildError::Spawn { program: cmd.get_program().to_string_lossy().into_owned(), source })?;
     if !out.status.success() {
         return Err(BuildError::Failed {
             command,
@@ -153,7 +147,8 @@ pub fn ensure_bpf_linker(ws: &Workspace, info: &NightlyInfo) -> Result<PathBuf, 
         .arg(&tools)
         .env("LLVM_PREFIX", &prefix)
         .env(format!("LLVM_SYS_{}0_PREFIX", info.llvm_major), &prefix);
-    for var in ["CARGO_TARGET_DIR", "RUSTC", "RUSTC_WRAPPER", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_MAKEFLAGS"] {
+    for var in ["CARGO_TARGET_DIR", "RUSTC", "RUSTC_WRAPPER", "RUSTFLAGS", "CARGO_ENCODED_RUSTFLAGS", "CARGO_MAKEFLAGS"]
+    {
         cmd.env_remove(var);
     }
     run(&mut cmd)?;

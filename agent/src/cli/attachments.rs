@@ -58,7 +58,10 @@ pub fn main(args: &AttachmentsArgs) -> anyhow::Result<()> {
             a["container_id"].as_str().unwrap_or("?"),
             a["netns_path"].as_str().unwrap_or("-"),
             a["netns_inode"].as_u64().map_or_else(|| "?".to_owned(), |i| i.to_string()),
-            a["ifnames"].as_array().map(|v| v.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(",")).unwrap_or_default(),
+            a["ifnames"]
+                .as_array()
+                .map(|v| v.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(","))
+                .unwrap_or_default(),
         );
         for op in a["operations"].as_array().into_iter().flatten() {
             let exit = &op["exit"];

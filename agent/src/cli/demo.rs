@@ -76,7 +76,10 @@ fn reservations(dir: &Path) -> Vec<(String, String)> {
 pub fn main(args: &DemoArgs) -> anyhow::Result<()> {
     for plugin in ["bridge", "host-local"] {
         if !args.cni_bin_dir.join(plugin).is_file() {
-            bail!("{} not found: install Debian's containernetworking-plugins", args.cni_bin_dir.join(plugin).display());
+            bail!(
+                "{} not found: install Debian's containernetworking-plugins",
+                args.cni_bin_dir.join(plugin).display()
+            );
         }
     }
     let tmp = tempdir()?;

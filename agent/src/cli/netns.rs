@@ -46,10 +46,7 @@ fn title(n: &NetnsView) -> String {
         (false, true) => "alive".to_owned(),
         (false, false) => format!("dead ({:?})", n.death_source),
     };
-    format!(
-        "netns {inode}  nsid {nsid}  {state}  age {}",
-        age(n.age_secs)
-    )
+    format!("netns {inode}  nsid {nsid}  {state}  age {}", age(n.age_secs))
 }
 
 fn render_one(out: &mut String, n: &NetnsView) -> std::fmt::Result {
@@ -61,17 +58,8 @@ fn render_one(out: &mut String, n: &NetnsView) -> std::fmt::Result {
         writeln!(out, "  mounted at   {}", m.display())?;
     }
     if n.process_count > 0 {
-        let sample: Vec<String> = n
-            .processes
-            .iter()
-            .map(|p| format!("{}[{}]", p.comm, p.pid))
-            .collect();
-        writeln!(
-            out,
-            "  processes    {} ({})",
-            n.process_count,
-            sample.join(", ")
-        )?;
+        let sample: Vec<String> = n.processes.iter().map(|p| format!("{}[{}]", p.comm, p.pid)).collect();
+        writeln!(out, "  processes    {} ({})", n.process_count, sample.join(", "))?;
     }
     for i in &n.interfaces {
         let name = i.name.as_deref().unwrap_or("?");
@@ -80,23 +68,12 @@ fn render_one(out: &mut String, n: &NetnsView) -> std::fmt::Result {
         let peer = i.link.as_ref().map_or(String::new(), |l| {
             let place = match l.netns {
                 Some(r) if r.host => "host".to_owned(),
-                Some(r) => format!(
-                    "netns {}",
-                    r.inode.map_or_else(|| "?".to_owned(), |x| x.to_string())
-                ),
+                Some(r) => format!("netns {}", r.inode.map_or_else(|| "?".to_owned(), |x| x.to_string())),
                 None => "unresolved netns".to_owned(),
             };
-            format!(
-                "  -> {}#{} in {place}",
-                l.ifname.as_deref().unwrap_or("?"),
-                l.ifindex
-            )
+            format!("  -> {}#{} in {place}", l.ifname.as_deref().unwrap_or("?"), l.ifindex)
         });
-        writeln!(
-            out,
-            "  if {:>4} {name:<16} {kind:<8} {state}{peer}",
-            i.ifindex
-        )?;
+        writeln!(out, "  if {:>4} {name:<16} {kind:<8} {state}{peer}", i.ifindex)?;
     }
     for a in &n.addresses {
         writeln!(
@@ -123,10 +100,7 @@ fn render(s: &ModelSnapshot) -> String {
         out.push('\n');
     }
     let alive = s.alive().filter(|n| !n.host).count();
-    let _ = writeln!(
-        out,
-        "{alive} live netns besides the host's; {} nsids assigned by this run",
-        s.stats.nsids_assigned
-    );
+    let _ =
+        writeln!(out, "{alive} live netns besides the host's; {} nsids assigned by this run", s.stats.nsids_assigned);
     out
 }

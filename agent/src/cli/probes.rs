@@ -15,8 +15,8 @@ pub struct ProbesArgs {
 }
 
 pub fn main(args: &ProbesArgs) -> anyhow::Result<()> {
-    let probes = if args.variants { Probes::load_variants() } else { Probes::survey() }
-        .context("surveying the eBPF probes")?;
+    let probes =
+        if args.variants { Probes::load_variants() } else { Probes::survey() }.context("surveying the eBPF probes")?;
     if args.json {
         let report = serde_json::json!({ "offsets": format!("{:?}", probes.offsets), "probes": probes.status });
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -28,9 +28,7 @@ pub fn main(args: &ProbesArgs) -> anyhow::Result<()> {
         let (state, detail) = match &s.state {
             ProbeState::Active => ("active", s.spec.observes.to_owned()),
             ProbeState::Unavailable(reason) if s.spec.required => ("FAILED", reason.clone()),
-            ProbeState::Unavailable(reason) => {
-                ("unavailable", format!("{reason}; fallback: {}", s.spec.fallback))
-            }
+            ProbeState::Unavailable(reason) => ("unavailable", format!("{reason}; fallback: {}", s.spec.fallback)),
         };
         println!("{:<24} {:<42} {:<12} {detail}", s.spec.program, s.spec.attach.to_string(), state);
     }

@@ -62,8 +62,8 @@ pub fn main(args: &ReleaseArgs) -> anyhow::Result<()> {
     let local_report = ScanReport { verdicts: local, ..report };
     let mut records = release_reviewed(&local_report, &mut releaser, |r| decide_one(&obs, r, now, &policy))?;
     if whereabouts.iter().any(|v| v.status == netreap::engine::Status::Orphaned) {
-        let shot = shot
-            .context("the report lists whereabouts allocations but the Kubernetes source is off (--kubeconfig)")?;
+        let shot =
+            shot.context("the report lists whereabouts allocations but the Kubernetes source is off (--kubeconfig)")?;
         let mut journal = Journal::open(&config.state_dir.join(netreap::kube::agent::JOURNAL_SUBDIR))
             .context("opening the whereabouts release journal (is `netreap run` using this state dir?)")?;
         records.extend(runtime.block_on(netreap::kube::oneshot::release_reviewed(
@@ -89,4 +89,3 @@ pub fn main(args: &ReleaseArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-

@@ -114,7 +114,8 @@ impl Runtime {
         let stdout: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         if !out.status.success() {
             let message = stdout["msg"]
-                .as_str().map_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_owned(), str::to_owned);
+                .as_str()
+                .map_or_else(|| String::from_utf8_lossy(&out.stderr).trim().to_owned(), str::to_owned);
             return Err(CniError::Plugin { command: command.to_owned(), plugin, code: out.status.code(), message });
         }
         Ok(stdout)

@@ -151,7 +151,9 @@ pub fn observations(
         // as any: it holds the addresses configured in it.
         match (view.alive, view.died_at) {
             (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
-            (false, Some(died_at)) => obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths }),
+            (false, Some(died_at)) => {
+                obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths })
+            }
             // Dead without a time cannot anchor a release: leave it out.
             (false, None) => {}
         }
@@ -160,7 +162,9 @@ pub fn observations(
         let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
         let netns: Vec<NetnsRef> = match (a.pinned, a.netns_inode, &a.netns_path) {
             (Some(id), _, _) => vec![NetnsRef::Id(id)],
-            (None, Some(inode), _) => incarnations_at(snapshot, inode, a.netns_nsid, bound_at).into_iter().map(NetnsRef::Id).collect(),
+            (None, Some(inode), _) => {
+                incarnations_at(snapshot, inode, a.netns_nsid, bound_at).into_iter().map(NetnsRef::Id).collect()
+            }
             (None, None, Some(path)) => vec![NetnsRef::Path(PathBuf::from(path))],
             (None, None, None) => Vec::new(),
         };
@@ -217,18 +221,19 @@ fn add_cache_bindings(
     for entry in cache {
         let Some(path) = entry.netns.as_deref() else { continue };
         let resolved = ledger.get(&entry.container_id).and_then(|a| {
-            let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
+            let same_path =
+                a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
             a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
         });
         let refs: Vec<(NetnsRef, SystemTime)> = match resolved {
             Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsRef::Id(pinned), bound_at)],
-            Some(((inode, bound_at), None, nsid)) => {
-                incarnations_at(snapshot, inode, nsid, bound_at).into_iter().map(|id| (NetnsRef::Id(id), bound_at)).collect()
-            }
+            Some(((inode, bound_at), None, nsid)) => incarnations_at(snapshot, inode, nsid, bound_at)
+                .into_iter()
+                .map(|id| (NetnsRef::Id(id), bound_at))
+                .collect(),
             None => {
-                let seen = first_seen
-                    .and_then(|f| f.get(&entry.path))
-                    .map_or(entry.written_at, |&s| s.max(entry.written_at));
+                let seen =
+                    first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
                 vec![(NetnsRef::Path(PathBuf::from(path)), seen)]
             }
         };

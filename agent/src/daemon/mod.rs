@@ -5,8 +5,8 @@
 
 pub mod evidence;
 pub mod oneshot;
-pub mod restore;
 mod report;
+pub mod restore;
 mod runtime;
 
 use std::{
@@ -24,12 +24,12 @@ use crate::{
     config::Config,
     engine::{Policy, Status, Verdict, decide, decide_one},
     ipam::{ReservationStore, cnicache::CniCache, hostlocal::HostLocalStore, scan_all},
+    kernel::cni_runs::CniRunFilter,
     kernel::{
         events::KernelEvent,
         probes::{ProbeState, Probes},
         stream::KernelStream,
     },
-    kernel::cni_runs::CniRunFilter,
     ledger::{
         Ledger, StatResolver,
         persist::{self, Window},
@@ -543,16 +543,22 @@ impl Agent {
                         k.on_cni_exec(task.tgid, &cid.value);
                     }
                     if let KernelEvent::CniExit { task, exit } = &event {
-                        tracing::debug!(pid = task.tgid, ?exit, known = self.ledger.is_running(task.tgid), "cni exit record");
+                        tracing::debug!(
+                            pid = task.tgid,
+                            ?exit,
+                            known = self.ledger.is_running(task.tgid),
+                            "cni exit record"
+                        );
                     }
                     let clock = self.clock;
                     if let Some(att) = self.ledger.observe(&event, |k| clock.wall(k), &self.resolver)
-                        && let KernelEvent::CniExit { task, .. } = &event {
-                            if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
-                                self.metrics.cni_operation(&op.command, op.result());
-                            }
-                            cni_finished = true;
+                        && let KernelEvent::CniExit { task, .. } = &event
+                    {
+                        if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
+                            self.metrics.cni_operation(&op.command, op.result());
                         }
+                        cni_finished = true;
+                    }
                     self.events.emit(self.clock.wall(event.task().ktime_ns), event.name(), &event)?;
                     decoded.push(event);
                 }
@@ -662,9 +668,8 @@ impl Agent {
             self.events.emit(SystemTime::now(), "records_dropped", &json!({ "dropped": dropped }))?;
             self.model.resync().await?;
         }
-        let vanished = self.ledger.reap_vanished(SystemTime::now(), |pid| {
-            std::path::Path::new(&format!("/proc/{pid}")).exists()
-        });
+        let vanished =
+            self.ledger.reap_vanished(SystemTime::now(), |pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
         if vanished > 0 {
             self.reconcile("cni_exit_unobserved").await?;
         }
@@ -748,7 +753,8 @@ impl Agent {
         // The releaser acts on every orphan it is given and reads the
         // others only as context (which IPs an attachment still holds), so
         // orphans the gate holds back go in as context, marked pending.
-        let admitted_paths: std::collections::HashSet<&PathBuf> = admitted.iter().map(|v| &v.reservation.path).collect();
+        let admitted_paths: std::collections::HashSet<&PathBuf> =
+            admitted.iter().map(|v| &v.reservation.path).collect();
         let batch: Vec<Verdict> = verdicts
             .iter()
             .map(|v| {
@@ -826,7 +832,11 @@ impl Agent {
             let before = self.verdicts.get(&key).copied();
             if before != Some(v.status) {
                 let pod = runtime::pod_of(obs, &v.reservation.container_id);
-                self.events.emit(SystemTime::now(), "verdict_changed", &report::with_pod(report::verdict_changed(v, before), pod))?;
+                self.events.emit(
+                    SystemTime::now(),
+                    "verdict_changed",
+                    &report::with_pod(report::verdict_changed(v, before), pod),
+                )?;
                 if v.status == Status::Conflict {
                     self.metrics.conflict();
                     warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
@@ -878,9 +888,10 @@ impl Agent {
         let outcome = report::outcome_label(&record.outcome);
         self.metrics.release(reason, outcome);
         if record.outcome.released()
-            && let Some(latency) = latency {
-                self.metrics.observe_death_to_release(latency);
-            }
+            && let Some(latency) = latency
+        {
+            self.metrics.observe_death_to_release(latency);
+        }
         let r = &record.verdict.reservation;
         let pod_name = pod.map(ToString::to_string);
         if matches!(record.outcome, crate::release::Outcome::LockBusy { .. }) {

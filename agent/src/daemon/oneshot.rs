@@ -32,8 +32,7 @@ pub fn policy(config: &Config) -> Policy {
 
 /// Syncs the model once and returns the observations (cache included).
 pub async fn observe(config: &Config) -> anyhow::Result<Observations> {
-    let discovery =
-        crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone());
+    let discovery = crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone());
     let (watcher, _deaths) = Watcher::start(WatcherConfig { discovery, ..WatcherConfig::default() }).await?;
     let snapshot = watcher.snapshot().await?;
     watcher.stop().await?;

@@ -1,7 +1,10 @@
 //! The agent's event payloads and metric labels for verdicts and releases
 //! (schema in docs/events.md).
 
-use std::{collections::BTreeMap, time::{Duration, SystemTime}};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
 
 use serde_json::{Value, json};
 

@@ -19,7 +19,11 @@ use crate::{
 const KEEP_DEAD_FOR: Duration = Duration::from_hours(24);
 
 /// The incarnation a binding names, as the model sees it now.
-fn incarnation(snapshot: &ModelSnapshot, known_dead: &[DeadNetns], a: &Attachment) -> Option<(NetnsId, Option<SystemTime>)> {
+fn incarnation(
+    snapshot: &ModelSnapshot,
+    known_dead: &[DeadNetns],
+    a: &Attachment,
+) -> Option<(NetnsId, Option<SystemTime>)> {
     let views: Vec<&NetnsView> = match (a.pinned, a.netns_inode) {
         (Some(id), _) => snapshot.netns.iter().filter(|v| v.id().may_be(&id)).collect(),
         (None, Some(inode)) => {
@@ -61,7 +65,11 @@ pub fn knowledge_of(
         if stale && !alive {
             continue;
         }
-        bindings.push(SavedBinding { attachment: a.clone(), netns: netns.map(|n| n.0), died_at: netns.and_then(|n| n.1) });
+        bindings.push(SavedBinding {
+            attachment: a.clone(),
+            netns: netns.map(|n| n.0),
+            died_at: netns.and_then(|n| n.1),
+        });
     }
     Knowledge::new(boot_id, now, watched, bindings)
 }
@@ -100,7 +108,9 @@ pub fn fate(
         (Some(nsid), inode) => match live(&|v| v.nsid == Some(nsid)) {
             // The nsid now names a netns with another inode: the kernel
             // gave the nsid away, which it does only after a death.
-            Some(now) if inode.is_some() && now.inode.is_some() && now.inode != inode => Fate::Dead { id, died_at: saved_at },
+            Some(now) if inode.is_some() && now.inode.is_some() && now.inode != inode => {
+                Fate::Dead { id, died_at: saved_at }
+            }
             Some(now) => Fate::Alive(now),
             None => match nsid_exists(nsid) {
                 Some(false) => Fate::Dead { id, died_at: saved_at },
@@ -198,7 +208,9 @@ mod tests {
         // Same nsid, same inode: the same netns, under this run's identity.
         assert_eq!(fate(&saved(77, 3), t(50), true, &now, &mut *never), Some(Fate::Alive(view(77, 3, 90).id())));
         // Its nsid names another inode now: gone.
-        assert!(matches!(fate(&saved(99, 4), t(50), true, &now, &mut *never), Some(Fate::Dead { died_at, .. }) if died_at == t(50)));
+        assert!(
+            matches!(fate(&saved(99, 4), t(50), true, &now, &mut *never), Some(Fate::Dead { died_at, .. }) if died_at == t(50))
+        );
         // Not in the model: the kernel says the nsid is gone, or cannot say.
         assert!(matches!(fate(&saved(55, 9), t(50), true, &now, &mut |_| Some(false)), Some(Fate::Dead { .. })));
         assert!(matches!(fate(&saved(55, 9), t(50), true, &now, &mut |_| None), Some(Fate::Unknown(_))));

@@ -2,7 +2,11 @@
 //! it comes and goes, stuck sandboxes reported, and the runtime's event
 //! stream followed where it offers one.
 
-use std::{collections::BTreeMap, path::PathBuf, time::{Duration, SystemTime}};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
 
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -71,7 +75,9 @@ impl RuntimeSource {
                 Err(RuntimeError::NoSocket(_)) if self.reachable.is_none() => {
                     info!(source = SOURCE, "no container runtime: {detail}; deciding on kernel evidence alone");
                 }
-                Err(_) => warn!(source = SOURCE, "container runtime unavailable: {detail}; deciding on kernel evidence alone"),
+                Err(_) => {
+                    warn!(source = SOURCE, "container runtime unavailable: {detail}; deciding on kernel evidence alone")
+                }
             }
             events.emit(
                 SystemTime::now(),
@@ -87,7 +93,12 @@ impl RuntimeSource {
     /// Reports sandboxes that became stuck (NOTREADY with their netns alive)
     /// or stopped being stuck, and sets the gauge. When the runtime cannot be
     /// asked the last known set stands: nothing new is known about them.
-    pub fn report_stuck(&mut self, obs: &Observations, events: &mut EventStream, metrics: &Metrics) -> anyhow::Result<()> {
+    pub fn report_stuck(
+        &mut self,
+        obs: &Observations,
+        events: &mut EventStream,
+        metrics: &Metrics,
+    ) -> anyhow::Result<()> {
         if obs.runtime.is_none() {
             return Ok(());
         }
@@ -126,7 +137,10 @@ impl RuntimeSource {
                         }
                     }
                     Err(e) if e.is_unimplemented() => {
-                        info!(source = SOURCE, "the runtime offers no GetContainerEvents: its sandboxes are listed on each reconcile");
+                        info!(
+                            source = SOURCE,
+                            "the runtime offers no GetContainerEvents: its sandboxes are listed on each reconcile"
+                        );
                         return;
                     }
                     Err(_) => {}

@@ -28,11 +28,7 @@ pub enum DiscoveryError {
     #[error("opening netns {path}: {source}")]
     Open { path: PathBuf, source: io::Error },
     #[error("{path} is netns {found}, not {expected}")]
-    WrongInode {
-        path: PathBuf,
-        expected: u32,
-        found: u64,
-    },
+    WrongInode { path: PathBuf, expected: u32, found: u64 },
 }
 
 /// Where to look; the defaults see what the agent's mount namespace sees,
@@ -122,15 +118,10 @@ pub struct Sighting {
 pub const PROCESS_SAMPLE: usize = 4;
 
 /// Every netns visible, by inode.
-pub fn scan(
-    paths: &DiscoveryPaths,
-    scope: Scope,
-) -> Result<BTreeMap<u32, Sighting>, DiscoveryError> {
+pub fn scan(paths: &DiscoveryPaths, scope: Scope) -> Result<BTreeMap<u32, Sighting>, DiscoveryError> {
     let mut found: BTreeMap<u32, Sighting> = BTreeMap::new();
-    let text = fs::read_to_string(&paths.mountinfo).map_err(|source| DiscoveryError::Read {
-        path: paths.mountinfo.clone(),
-        source,
-    })?;
+    let text = fs::read_to_string(&paths.mountinfo)
+        .map_err(|source| DiscoveryError::Read { path: paths.mountinfo.clone(), source })?;
     for m in mountinfo::parse(&text) {
         let s = found.entry(m.inode).or_default();
         if !s.bind_mounts.contains(&m.path) {
@@ -155,21 +146,11 @@ pub fn scan(
     Ok(found)
 }
 
-fn scan_processes(
-    proc_root: &Path,
-    found: &mut BTreeMap<u32, Sighting>,
-) -> Result<(), DiscoveryError> {
-    let dir = fs::read_dir(proc_root).map_err(|source| DiscoveryError::Read {
-        path: proc_root.into(),
-        source,
-    })?;
+fn scan_processes(proc_root: &Path, found: &mut BTreeMap<u32, Sighting>) -> Result<(), DiscoveryError> {
+    let dir = fs::read_dir(proc_root).map_err(|source| DiscoveryError::Read { path: proc_root.into(), source })?;
     let mut pids: Vec<u32> = dir
         .filter_map(Result::ok)
-        .filter_map(|e| {
-            std::str::from_utf8(e.file_name().as_bytes())
-                .ok()
-                .and_then(|s| s.parse().ok())
-        })
+        .filter_map(|e| std::str::from_utf8(e.file_name().as_bytes()).ok().and_then(|s| s.parse().ok()))
         .collect();
     pids.sort_unstable();
     for pid in pids {
@@ -183,12 +164,8 @@ fn scan_processes(
         let s = found.entry(inode).or_default();
         s.process_count += 1;
         if s.processes.len() < PROCESS_SAMPLE {
-            let comm = fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
-                .unwrap_or_default();
-            s.processes.push(ProcessRef {
-                pid,
-                comm: comm.trim_end().to_owned(),
-            });
+            let comm = fs::read_to_string(proc_root.join(pid.to_string()).join("comm")).unwrap_or_default();
+            s.processes.push(ProcessRef { pid, comm: comm.trim_end().to_owned() });
         }
     }
     Ok(())
@@ -196,30 +173,21 @@ fn scan_processes(
 
 /// The inode of the netns at `path` (a bind mount or `/proc/PID/ns/net`).
 pub fn inode_of(path: &Path) -> Result<u64, DiscoveryError> {
-    fs::metadata(path)
-        .map(|m| m.ino())
-        .map_err(|source| DiscoveryError::Read {
-            path: path.into(),
-            source,
-        })
+    fs::metadata(path).map(|m| m.ino()).map_err(|source| DiscoveryError::Read { path: path.into(), source })
 }
 
 /// Opens the netns at `path` and checks it is the expected one (a pid or a
 /// mount can be reused between the scan and the open). The fd holds a
 /// reference on the netns: close it as soon as the nsid request is sent.
 pub fn open_netns(path: &Path, expected: u32) -> Result<OwnedFd, DiscoveryError> {
-    let c_path =
-        std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| DiscoveryError::Open {
-            path: path.into(),
-            source: io::Error::from(io::ErrorKind::InvalidInput),
-        })?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| DiscoveryError::Open {
+        path: path.into(),
+        source: io::Error::from(io::ErrorKind::InvalidInput),
+    })?;
     // SAFETY: a valid C string; the returned fd is owned below.
     let raw = unsafe { libc::open(c_path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if raw < 0 {
-        return Err(DiscoveryError::Open {
-            path: path.into(),
-            source: io::Error::last_os_error(),
-        });
+        return Err(DiscoveryError::Open { path: path.into(), source: io::Error::last_os_error() });
     }
     // SAFETY: open(2) just returned this fd.
     let fd = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -227,17 +195,10 @@ pub fn open_netns(path: &Path, expected: u32) -> Result<OwnedFd, DiscoveryError>
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: valid fd and out-pointer.
     if unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } < 0 {
-        return Err(DiscoveryError::Open {
-            path: path.into(),
-            source: io::Error::last_os_error(),
-        });
+        return Err(DiscoveryError::Open { path: path.into(), source: io::Error::last_os_error() });
     }
     if st.st_ino != u64::from(expected) {
-        return Err(DiscoveryError::WrongInode {
-            path: path.into(),
-            expected,
-            found: st.st_ino,
-        });
+        return Err(DiscoveryError::WrongInode { path: path.into(), expected, found: st.st_ino });
     }
     Ok(fd)
 }
@@ -246,9 +207,7 @@ pub fn open_netns(path: &Path, expected: u32) -> Result<OwnedFd, DiscoveryError>
 /// to it.
 #[must_use]
 pub fn open_any(inode: u32, candidates: &[PathBuf]) -> Option<(OwnedFd, PathBuf)> {
-    candidates
-        .iter()
-        .find_map(|p| open_netns(p, inode).ok().map(|fd| (fd, p.clone())))
+    candidates.iter().find_map(|p| open_netns(p, inode).ok().map(|fd| (fd, p.clone())))
 }
 
 /// A bind mount's path as we see it, then through the host's root.
@@ -266,12 +225,7 @@ pub fn mount_candidates(paths: &DiscoveryPaths, mounts: &[PathBuf]) -> Vec<PathB
 #[must_use]
 pub fn candidate_paths(paths: &DiscoveryPaths, sighting: &Sighting) -> Vec<PathBuf> {
     let mut out = mount_candidates(paths, &sighting.bind_mounts);
-    out.extend(
-        sighting
-            .processes
-            .iter()
-            .map(|p| paths.proc_root.join(p.pid.to_string()).join("ns/net")),
-    );
+    out.extend(sighting.processes.iter().map(|p| paths.proc_root.join(p.pid.to_string()).join("ns/net")));
     out
 }
 

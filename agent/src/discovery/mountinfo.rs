@@ -18,12 +18,7 @@ fn unescape(field: &str) -> PathBuf {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
             let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(v);
             i += 4;
@@ -49,13 +44,9 @@ pub fn parse(text: &str) -> Vec<NetnsMount> {
     for line in text.lines() {
         let mut fields = line.split(' ');
         // id, parent, major:minor, root, mount point
-        let (Some(_), Some(_), Some(_), Some(root), Some(mount_point)) = (
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-            fields.next(),
-        ) else {
+        let (Some(_), Some(_), Some(_), Some(root), Some(mount_point)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
             continue;
         };
         // Optional fields end at "-"; the filesystem type follows.
@@ -64,10 +55,7 @@ pub fn parse(text: &str) -> Vec<NetnsMount> {
             continue;
         }
         if let Some(inode) = parse_ns_link(root) {
-            out.push(NetnsMount {
-                inode,
-                path: unescape(mount_point),
-            });
+            out.push(NetnsMount { inode, path: unescape(mount_point) });
         }
     }
     out
@@ -93,18 +81,9 @@ garbage line
         assert_eq!(
             mounts,
             vec![
-                NetnsMount {
-                    inode: 4_026_532_512,
-                    path: "/run/netns/cni-1234".into()
-                },
-                NetnsMount {
-                    inode: 4_026_532_513,
-                    path: "/run/netns/with space".into()
-                },
-                NetnsMount {
-                    inode: 4_026_532_512,
-                    path: "/var/lib/kubelet/netns-alias".into()
-                },
+                NetnsMount { inode: 4_026_532_512, path: "/run/netns/cni-1234".into() },
+                NetnsMount { inode: 4_026_532_513, path: "/run/netns/with space".into() },
+                NetnsMount { inode: 4_026_532_512, path: "/var/lib/kubelet/netns-alias".into() },
             ]
         );
     }

@@ -128,9 +128,9 @@ impl<'a> Index<'a> {
     pub fn live_matching(&self, netns: &NetnsRef) -> Option<&'a LiveNetns> {
         let obs = self.obs;
         match netns {
-            NetnsRef::Id(id) => {
-                Self::by_id(&self.live_by_inode, &self.live_by_nsid, id).map(|&i| &obs.live[i]).find(|n| n.id.may_be(id))
-            }
+            NetnsRef::Id(id) => Self::by_id(&self.live_by_inode, &self.live_by_nsid, id)
+                .map(|&i| &obs.live[i])
+                .find(|n| n.id.may_be(id)),
             NetnsRef::Path(p) => self.live_by_path.get(&path_key(p))?.first().map(|&i| &obs.live[i]),
         }
     }

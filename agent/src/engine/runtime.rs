@@ -105,16 +105,11 @@ impl RuntimeView {
     /// The pod a sandbox ID belongs (or belonged) to, when known.
     #[must_use]
     pub fn pod_of(&self, id: &str) -> Option<&PodRef> {
-        self.sandboxes
-            .get(id)
-            .and_then(|s| s.pod.as_ref())
-            .or_else(|| self.departed.get(id))
+        self.sandboxes.get(id).and_then(|s| s.pod.as_ref()).or_else(|| self.departed.get(id))
     }
 
     fn judges_network(&self, network: &str) -> bool {
-        self.networks
-            .as_ref()
-            .is_none_or(|n| n.iter().any(|x| x == network))
+        self.networks.as_ref().is_none_or(|n| n.iter().any(|x| x == network))
     }
 }
 
@@ -215,11 +210,7 @@ fn word<'a>(ix: &Index<'a>, cid: &str) -> Word<'a> {
     if sandbox.state == SandboxState::Ready {
         return Word::Ready(sandbox);
     }
-    let live = sandbox
-        .netns
-        .as_ref()
-        .and_then(|p| ix.live_matching(&NetnsRef::Path(p.clone())))
-        .map(|n| n.id);
+    let live = sandbox.netns.as_ref().and_then(|p| ix.live_matching(&NetnsRef::Path(p.clone()))).map(|n| n.id);
     match (sandbox.netns_closed, live) {
         (Some(false), _) | (_, Some(_)) => Word::Stuck(sandbox, live),
         (Some(true), None) => Word::Closed(sandbox),
@@ -231,15 +222,9 @@ fn word<'a>(ix: &Index<'a>, cid: &str) -> Word<'a> {
 /// `runtime_sandboxes` list keeps what it names.
 pub(crate) fn keep_facts(ix: &Index<'_>, cid: &str) -> Vec<Fact> {
     match word(ix, cid) {
-        Word::Ready(s) => vec![Fact::Runtime(RuntimeFact::SandboxReady {
-            pod: s.pod.clone(),
-        })],
+        Word::Ready(s) => vec![Fact::Runtime(RuntimeFact::SandboxReady { pod: s.pod.clone() })],
         Word::Stuck(s, live) => {
-            vec![Fact::Runtime(RuntimeFact::SandboxStuck {
-                pod: s.pod.clone(),
-                netns: s.netns.clone(),
-                live,
-            })]
+            vec![Fact::Runtime(RuntimeFact::SandboxStuck { pod: s.pod.clone(), netns: s.netns.clone(), live })]
         }
         Word::Silent if ix.runtime_lists(cid) == Some(true) => vec![Fact::RuntimeListsSandbox],
         _ => Vec::new(),
@@ -250,30 +235,18 @@ pub(crate) fn keep_facts(ix: &Index<'_>, cid: &str) -> Vec<Fact> {
 /// or that it could not be asked.
 pub(crate) fn release_facts(ix: &Index<'_>, r: &Reservation) -> Vec<Fact> {
     let obs = ix.obs;
-    let pod = || {
-        obs.runtime
-            .as_ref()
-            .and_then(|v| v.pod_of(&r.container_id))
-            .cloned()
-    };
+    let pod = || obs.runtime.as_ref().and_then(|v| v.pod_of(&r.container_id)).cloned();
     match word(ix, &r.container_id) {
         Word::Gone => vec![Fact::Runtime(RuntimeFact::SandboxGone { pod: pod() })],
         Word::Closed(s) => {
-            vec![Fact::Runtime(RuntimeFact::SandboxNetnsClosed {
-                pod: s.pod.clone(),
-                netns: s.netns.clone(),
-            })]
+            vec![Fact::Runtime(RuntimeFact::SandboxNetnsClosed { pod: s.pod.clone(), netns: s.netns.clone() })]
         }
-        Word::NotReady(s) => vec![Fact::Runtime(RuntimeFact::SandboxNotReady {
-            pod: s.pod.clone(),
-        })],
+        Word::NotReady(s) => vec![Fact::Runtime(RuntimeFact::SandboxNotReady { pod: s.pod.clone() })],
         // Keeping words never reach an orphaned verdict; say what was seen.
         Word::Ready(_) | Word::Stuck(..) => Vec::new(),
         Word::Silent => match &obs.runtime_sandboxes {
             Some(_) => vec![Fact::RuntimeDoesNotListSandbox],
-            None => vec![Fact::SourceUnavailable {
-                source: "runtime sandbox list".into(),
-            }],
+            None => vec![Fact::SourceUnavailable { source: "runtime sandbox list".into() }],
         },
     }
 }
@@ -314,12 +287,7 @@ pub struct StuckSandbox {
 
 impl fmt::Display for StuckSandbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "sandbox {}{} NOTREADY, netns",
-            self.id,
-            pod_text(self.pod.as_ref())
-        )?;
+        write!(f, "sandbox {}{} NOTREADY, netns", self.id, pod_text(self.pod.as_ref()))?;
         if let Some(p) = &self.netns {
             write!(f, " {}", p.display())?;
         }

@@ -35,9 +35,7 @@ fn ip(s: &str) -> IpAddr {
 
 fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
     Reservation {
-        store: StoreRef::HostLocal {
-            data_dir: "/var/lib/cni/networks".into(),
-        },
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
         network: "net1".into(),
         ip: ip(addr),
         container_id: cid.into(),
@@ -49,19 +47,10 @@ fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
 }
 
 fn pod(name: &str) -> PodRef {
-    PodRef {
-        namespace: "default".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-    }
+    PodRef { namespace: "default".into(), name: name.into(), uid: format!("uid-{name}") }
 }
 
-fn sandbox(
-    id: &str,
-    state: SandboxState,
-    netns: Option<&str>,
-    closed: Option<bool>,
-) -> RuntimeSandbox {
+fn sandbox(id: &str, state: SandboxState, netns: Option<&str>, closed: Option<bool>) -> RuntimeSandbox {
     RuntimeSandbox {
         id: id.into(),
         state,
@@ -106,13 +95,8 @@ fn live_at(inode: u64, path: &str, addrs: &[&str]) -> LiveNetns {
 #[test]
 fn a_ready_sandbox_keeps_its_reservations_and_names_its_pod() {
     let r = res("c1", "10.0.0.2", t(0));
-    let obs = with_runtime(
-        Observations::default(),
-        Some(view(
-            vec![sandbox("c1", SandboxState::Ready, None, None)],
-            now(),
-        )),
-    );
+    let obs =
+        with_runtime(Observations::default(), Some(view(vec![sandbox("c1", SandboxState::Ready, None, None)], now())));
     let v = one(&obs, &r);
     assert_eq!(v.status, Status::InUse, "{}", v.summary);
     assert!(v.summary.contains("pod default/pod-c1"), "{}", v.summary);
@@ -122,39 +106,20 @@ fn a_ready_sandbox_keeps_its_reservations_and_names_its_pod() {
 fn a_notready_sandbox_with_its_netns_alive_is_kept_and_stuck() {
     let r = res("c1", "10.0.0.2", t(0));
     // By the runtime's word (not closed) ...
-    let said = sandbox(
-        "c1",
-        SandboxState::NotReady,
-        Some("/var/run/netns/cni-1"),
-        Some(false),
-    );
+    let said = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(false));
     let obs = with_runtime(Observations::default(), Some(view(vec![said], now())));
     let v = one(&obs, &r);
     assert_eq!(v.status, Status::InUse, "{}", v.summary);
-    assert!(has(&v, |f| matches!(
-        f,
-        Fact::Runtime(RuntimeFact::SandboxStuck { .. })
-    )));
+    assert!(has(&v, |f| matches!(f, Fact::Runtime(RuntimeFact::SandboxStuck { .. }))));
     assert_eq!(stuck_sandboxes(&obs).len(), 1);
     // ... or by the kernel's (a live netns at its path), whatever it says.
-    let closed = sandbox(
-        "c1",
-        SandboxState::NotReady,
-        Some("/var/run/netns/cni-1"),
-        Some(true),
-    );
-    let kernel = Observations {
-        live: vec![live_at(5, "/run/netns/cni-1", &[])],
-        ..Default::default()
-    };
+    let closed = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(true));
+    let kernel = Observations { live: vec![live_at(5, "/run/netns/cni-1", &[])], ..Default::default() };
     let obs = with_runtime(kernel, Some(view(vec![closed], now())));
     let v = one(&obs, &r);
     assert_eq!(v.status, Status::InUse, "{}", v.summary);
     let stuck = stuck_sandboxes(&obs);
-    assert_eq!(
-        stuck[0].live,
-        Some(NetnsId::new(Some(5), Some(1), None))
-    );
+    assert_eq!(stuck[0].live, Some(NetnsId::new(Some(5), Some(1), None)));
     assert!(stuck[0].to_string().contains("stuck"), "{}", stuck[0]);
 }
 
@@ -163,37 +128,18 @@ fn gone_from_the_runtime_and_bound_nowhere_needs_no_orphan_grace() {
     // 100 s old: past the in-flight grace (30 s), far from the orphan grace (10 min).
     let r = res("c1", "10.0.0.2", t(NOW_SECS - 100));
     let kernel_only = one(&Observations::default(), &r);
-    assert_eq!(
-        kernel_only.status,
-        Status::Pending,
-        "{}",
-        kernel_only.summary
-    );
+    assert_eq!(kernel_only.status, Status::Pending, "{}", kernel_only.summary);
 
     let mut v = view(vec![], now());
     v.departed.insert("c1".into(), pod("web"));
     let obs = with_runtime(Observations::default(), Some(v));
     let verdict = one(&obs, &r);
     assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
-    assert!(has(&verdict, |f| matches!(
-        f,
-        Fact::Runtime(RuntimeFact::GoneWithItsNetns)
-    )));
-    assert!(
-        verdict
-            .summary
-            .contains("does not list its sandbox (pod default/web)"),
-        "{}",
-        verdict.summary
-    );
+    assert!(has(&verdict, |f| matches!(f, Fact::Runtime(RuntimeFact::GoneWithItsNetns))));
+    assert!(verdict.summary.contains("does not list its sandbox (pod default/web)"), "{}", verdict.summary);
 
     // NOTREADY with its netns closed: the same.
-    let closed = sandbox(
-        "c1",
-        SandboxState::NotReady,
-        Some("/var/run/netns/cni-1"),
-        Some(true),
-    );
+    let closed = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(true));
     let obs = with_runtime(Observations::default(), Some(view(vec![closed], now())));
     assert_eq!(one(&obs, &r).status, Status::Orphaned);
 }
@@ -201,10 +147,7 @@ fn gone_from_the_runtime_and_bound_nowhere_needs_no_orphan_grace() {
 #[test]
 fn the_runtime_cannot_judge_a_reservation_newer_than_its_list_nor_another_network() {
     let r = res("c1", "10.0.0.2", t(NOW_SECS - 100));
-    let stale = with_runtime(
-        Observations::default(),
-        Some(view(vec![], t(NOW_SECS - 200))),
-    );
+    let stale = with_runtime(Observations::default(), Some(view(vec![], t(NOW_SECS - 200))));
     assert_eq!(one(&stale, &r).status, Status::Pending);
     let mut other = view(vec![], now());
     other.networks = Some(vec!["k8s-pod-network".into()]);
@@ -217,10 +160,7 @@ fn gone_never_overrides_a_live_netns_an_in_flight_run_or_youth() {
     let gone = || Some(view(vec![], now()));
     let r = res("c1", "10.0.0.2", t(NOW_SECS - 100));
     let ip_live = with_runtime(
-        Observations {
-            live: vec![live_at(5, "/run/netns/x", &["10.0.0.2"])],
-            ..Default::default()
-        },
+        Observations { live: vec![live_at(5, "/run/netns/x", &["10.0.0.2"])], ..Default::default() },
         gone(),
     );
     assert_ne!(one(&ip_live, &r).status, Status::Orphaned);
@@ -255,10 +195,7 @@ fn gone_never_overrides_a_live_netns_an_in_flight_run_or_youth() {
     );
     assert_eq!(one(&in_flight, &r).status, Status::Pending);
     let young = res("c1", "10.0.0.2", t(NOW_SECS - 5));
-    assert_eq!(
-        one(&with_runtime(Observations::default(), gone()), &young).status,
-        Status::Pending
-    );
+    assert_eq!(one(&with_runtime(Observations::default(), gone()), &young).status, Status::Pending);
 }
 
 #[test]
@@ -282,10 +219,7 @@ fn runtime_facts_round_trip_through_json() {
     assert_eq!(json["runtime"], "sandbox_stuck");
     assert_eq!(serde_json::from_value::<Fact>(json).unwrap(), fact);
     let gone = Fact::Runtime(RuntimeFact::GoneWithItsNetns);
-    assert_eq!(
-        serde_json::from_value::<Fact>(serde_json::to_value(&gone).unwrap()).unwrap(),
-        gone
-    );
+    assert_eq!(serde_json::from_value::<Fact>(serde_json::to_value(&gone).unwrap()).unwrap(), gone);
 }
 
 // ---- properties ----
@@ -297,8 +231,7 @@ fn an_ip() -> impl Strategy<Value = IpAddr> {
     prop::sample::select(vec!["10.0.0.1", "10.0.0.2", "10.0.0.3"]).prop_map(|s| s.parse().unwrap())
 }
 fn a_path() -> impl Strategy<Value = PathBuf> {
-    prop::sample::select(vec!["/run/netns/a", "/var/run/netns/a", "/run/netns/b"])
-        .prop_map(PathBuf::from)
+    prop::sample::select(vec!["/run/netns/a", "/var/run/netns/a", "/run/netns/b"]).prop_map(PathBuf::from)
 }
 fn a_time() -> impl Strategy<Value = SystemTime> {
     (0u64..=NOW_SECS + 5).prop_map(t)
@@ -313,12 +246,7 @@ fn a_live() -> impl Strategy<Value = LiveNetns> {
         prop::collection::vec(an_ip(), 0..2),
         prop::collection::vec(a_path(), 0..2),
     )
-        .prop_map(|(id, container_ids, addresses, paths)| LiveNetns {
-            id,
-            container_ids,
-            addresses,
-            paths,
-        })
+        .prop_map(|(id, container_ids, addresses, paths)| LiveNetns { id, container_ids, addresses, paths })
 }
 fn a_dead() -> impl Strategy<Value = DeadNetns> {
     (
@@ -337,10 +265,7 @@ fn a_dead() -> impl Strategy<Value = DeadNetns> {
         })
 }
 fn a_binding() -> impl Strategy<Value = Binding> {
-    let netns = prop_oneof![
-        a_netns_id().prop_map(NetnsRef::Id),
-        a_path().prop_map(NetnsRef::Path)
-    ];
+    let netns = prop_oneof![a_netns_id().prop_map(NetnsRef::Id), a_path().prop_map(NetnsRef::Path)];
     (a_cid(), netns, a_time()).prop_map(|(container_id, netns, seen_at)| Binding {
         container_id,
         netns,
@@ -349,12 +274,8 @@ fn a_binding() -> impl Strategy<Value = Binding> {
     })
 }
 fn an_op() -> impl Strategy<Value = CniOp> {
-    (
-        prop::option::of(a_cid()),
-        a_time(),
-        prop::option::of(a_time()),
-    )
-        .prop_map(|(container_id, started_at, finished_at)| CniOp {
+    (prop::option::of(a_cid()), a_time(), prop::option::of(a_time())).prop_map(
+        |(container_id, started_at, finished_at)| CniOp {
             container_id,
             container_id_truncated: false,
             command: "ADD".into(),
@@ -362,7 +283,8 @@ fn an_op() -> impl Strategy<Value = CniOp> {
             started_at,
             finished_at,
             exit_code: None,
-        })
+        },
+    )
 }
 fn kernel_observations() -> impl Strategy<Value = Observations> {
     (
@@ -372,94 +294,60 @@ fn kernel_observations() -> impl Strategy<Value = Observations> {
         prop::collection::vec(an_op(), 0..2),
         prop::option::of(a_time()),
     )
-        .prop_map(
-            |(live, dead, bindings, cni_ops, watching_since)| Observations {
-                live,
-                dead,
-                bindings,
-                cni_ops,
-                watching_since,
-                ..Observations::default()
-            },
-        )
+        .prop_map(|(live, dead, bindings, cni_ops, watching_since)| Observations {
+            live,
+            dead,
+            bindings,
+            cni_ops,
+            watching_since,
+            ..Observations::default()
+        })
 }
 fn a_state() -> impl Strategy<Value = SandboxState> {
     prop_oneof![Just(SandboxState::Ready), Just(SandboxState::NotReady)]
 }
 fn a_sandbox() -> impl Strategy<Value = RuntimeSandbox> {
-    (
-        a_cid(),
-        a_state(),
-        prop::option::of(a_path()),
-        prop::option::of(any::<bool>()),
-    )
-        .prop_map(|(id, state, netns, netns_closed)| RuntimeSandbox {
-            pod: Some(PodRef {
-                namespace: "ns".into(),
-                name: format!("p-{id}"),
-                uid: String::new(),
-            }),
+    (a_cid(), a_state(), prop::option::of(a_path()), prop::option::of(any::<bool>())).prop_map(
+        |(id, state, netns, netns_closed)| RuntimeSandbox {
+            pod: Some(PodRef { namespace: "ns".into(), name: format!("p-{id}"), uid: String::new() }),
             id,
             state,
             netns,
             netns_closed,
-        })
+        },
+    )
 }
 fn a_view() -> impl Strategy<Value = RuntimeView> {
     (
         prop::collection::vec(a_sandbox(), 0..3),
         a_time(),
-        prop::option::of(prop::sample::subsequence(
-            vec!["net1".to_owned(), "other".to_owned()],
-            0..=2,
-        )),
+        prop::option::of(prop::sample::subsequence(vec!["net1".to_owned(), "other".to_owned()], 0..=2)),
     )
-        .prop_map(|(sandboxes, listed_at, networks)| RuntimeView {
-            networks,
-            ..view(sandboxes, listed_at)
-        })
+        .prop_map(|(sandboxes, listed_at, networks)| RuntimeView { networks, ..view(sandboxes, listed_at) })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {
-    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation {
-        ip,
-        ..res(&cid, "10.0.0.1", created)
-    })
+    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation { ip, ..res(&cid, "10.0.0.1", created) })
 }
 fn a_policy() -> impl Strategy<Value = Policy> {
-    (0u64..120, 120u64..12_000).prop_map(|(f, o)| Policy {
-        in_flight_grace: Duration::from_secs(f),
-        orphan_grace: Duration::from_secs(o),
-    })
+    (0u64..120, 120u64..12_000)
+        .prop_map(|(f, o)| Policy { in_flight_grace: Duration::from_secs(f), orphan_grace: Duration::from_secs(o) })
 }
 
 /// Exact-match versions of "something live holds it", computed apart from
 /// the engine.
 fn kernel_holds(obs: &Observations, r: &Reservation, policy: &Policy) -> bool {
     let ip_live = obs.live.iter().any(|n| n.addresses.contains(&r.ip));
-    let in_flight = obs.cni_ops.iter().any(|op| {
-        op.finished_at.is_none()
-            && op
-                .container_id
-                .as_ref()
-                .is_none_or(|c| *c == r.container_id)
-    });
-    let bound_live = obs
-        .live
+    let in_flight = obs
+        .cni_ops
         .iter()
-        .any(|n| n.container_ids.contains(&r.container_id))
-        || obs
-            .bindings
-            .iter()
-            .filter(|b| b.container_id == r.container_id)
-            .any(|b| {
-                obs.live.iter().any(|n| match &b.netns {
-                    NetnsRef::Id(id) => n.id.may_be(id),
-                    NetnsRef::Path(p) => n
-                        .paths
-                        .iter()
-                        .any(|q| super::super::observations::same_netns_path(p, q)),
-                })
-            });
+        .any(|op| op.finished_at.is_none() && op.container_id.as_ref().is_none_or(|c| *c == r.container_id));
+    let bound_live = obs.live.iter().any(|n| n.container_ids.contains(&r.container_id))
+        || obs.bindings.iter().filter(|b| b.container_id == r.container_id).any(|b| {
+            obs.live.iter().any(|n| match &b.netns {
+                NetnsRef::Id(id) => n.id.may_be(id),
+                NetnsRef::Path(p) => n.paths.iter().any(|q| super::super::observations::same_netns_path(p, q)),
+            })
+        });
     let watched = obs.watching_since.is_some_and(|since| {
         obs.cni_ops.iter().any(|op| {
             op.container_id.as_deref() == Some(r.container_id.as_str())
@@ -467,9 +355,7 @@ fn kernel_holds(obs: &Observations, r: &Reservation, policy: &Policy) -> bool {
                 && op.started_at <= r.created_at + super::super::decide::WATCH_SLACK
         })
     });
-    let young = now()
-        .duration_since(r.created_at)
-        .map_or(true, |age| age < policy.in_flight_grace);
+    let young = now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace);
     ip_live || in_flight || bound_live || (young && !watched)
 }
 

@@ -177,10 +177,8 @@ fn young_reservation_whose_cni_runs_were_watched_needs_no_grace() {
     };
     assert_eq!(one(&other, &r).status, Status::Pending);
     // An ADD still in flight keeps it whatever the watch says.
-    let in_flight = Observations {
-        cni_ops: vec![op(Some("c1"), "ADD", now() - Duration::from_secs(6), None)],
-        ..watched
-    };
+    let in_flight =
+        Observations { cni_ops: vec![op(Some("c1"), "ADD", now() - Duration::from_secs(6), None)], ..watched };
     assert_eq!(one(&in_flight, &r).status, Status::Pending);
 }
 
@@ -484,19 +482,21 @@ fn observations() -> impl Strategy<Value = Observations> {
         prop::option::of(a_time()),
         prop::collection::vec((a_time(), a_time()), 0..2),
     )
-        .prop_map(|(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before)| {
-            Observations {
-                live,
-                dead,
-                bindings,
-                cni_ops,
-                runtime_sandboxes,
-                runtime: None,
-                api_pods,
-                watching_since,
-                watched_before,
-            }
-        })
+        .prop_map(
+            |(live, dead, bindings, cni_ops, runtime_sandboxes, api_pods, watching_since, watched_before)| {
+                Observations {
+                    live,
+                    dead,
+                    bindings,
+                    cni_ops,
+                    runtime_sandboxes,
+                    runtime: None,
+                    api_pods,
+                    watching_since,
+                    watched_before,
+                }
+            },
+        )
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {
     (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation { ip, ..res(&cid, "10.0.0.1", created) })

@@ -170,10 +170,7 @@ impl Btf {
         for _ in 0..32 {
             match self.types.get(id as usize) {
                 Some(t)
-                    if matches!(
-                        t.kind,
-                        KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG
-                    ) =>
+                    if matches!(t.kind, KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG) =>
                 {
                     id = t.type_ref;
                 }
@@ -220,10 +217,9 @@ impl Btf {
         let mut owner = strukt.to_owned();
         let mut bits = 0u64;
         for member in path.split('.') {
-            let (off, ty, bitfield) = self.find_member(id, member, 0).ok_or_else(|| BtfError::NoMember {
-                strukt: owner.clone(),
-                member: member.to_owned(),
-            })?;
+            let (off, ty, bitfield) = self
+                .find_member(id, member, 0)
+                .ok_or_else(|| BtfError::NoMember { strukt: owner.clone(), member: member.to_owned() })?;
             if bitfield != 0 {
                 return Err(BtfError::NotByteAligned { path: full });
             }

@@ -3,9 +3,7 @@
 
 use std::mem::size_of;
 
-use netreap_common::{
-    CniExecData, CniExitData, Event, EventHeader, NetnsData, cni_flag, kind, scan_variant, via,
-};
+use netreap_common::{CniExecData, CniExitData, Event, EventHeader, NetnsData, cni_flag, kind, scan_variant, via};
 use serde::Serialize;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -140,13 +138,31 @@ impl CniExit {
 pub enum KernelEvent {
     /// A task moved into a netns it was not in: a new one (unshare, clone)
     /// or an existing one (setns).
-    NetnsEntered { task: Task, netns_inode: u32, previous_netns_inode: u32, via: NetnsVia },
+    NetnsEntered {
+        task: Task,
+        netns_inode: u32,
+        previous_netns_inode: u32,
+        via: NetnsVia,
+    },
     /// copy_net_ns created a netns (fexit; only where the kernel allows).
-    NetnsCreated { task: Task, netns_inode: u32, via: NetnsVia },
+    NetnsCreated {
+        task: Task,
+        netns_inode: u32,
+        via: NetnsVia,
+    },
     /// The last reference of a netns dropped (fentry __put_net).
-    NetnsFreed { task: Task, netns_inode: u32 },
-    CniExec { task: Task, exec: CniExec },
-    CniExit { task: Task, exit: CniExit },
+    NetnsFreed {
+        task: Task,
+        netns_inode: u32,
+    },
+    CniExec {
+        task: Task,
+        exec: CniExec,
+    },
+    CniExit {
+        task: Task,
+        exit: CniExit,
+    },
 }
 
 impl KernelEvent {
@@ -190,11 +206,7 @@ fn read<T: Copy>(bytes: &[u8]) -> T {
 }
 
 fn expect_len(kind: u32, bytes: &[u8], expected: usize) -> Result<(), DecodeError> {
-    if bytes.len() == expected {
-        Ok(())
-    } else {
-        Err(DecodeError::BadLength { kind, len: bytes.len(), expected })
-    }
+    if bytes.len() == expected { Ok(()) } else { Err(DecodeError::BadLength { kind, len: bytes.len(), expected }) }
 }
 
 /// Decodes one ring-buffer record.
@@ -232,11 +244,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
                 exec: CniExec {
                     binary: c_string(&d.filename, has(cni_flag::FILENAME_TRUNCATED)),
                     command: c_string(&d.command, has(cni_flag::COMMAND_TRUNCATED)),
-                    container_id: value(
-                        &d.container_id,
-                        cni_flag::HAS_CONTAINER_ID,
-                        cni_flag::CONTAINER_ID_TRUNCATED,
-                    ),
+                    container_id: value(&d.container_id, cni_flag::HAS_CONTAINER_ID, cni_flag::CONTAINER_ID_TRUNCATED),
                     netns: value(&d.netns, cni_flag::HAS_NETNS, cni_flag::NETNS_TRUNCATED),
                     ifname: value(&d.ifname, cni_flag::HAS_IFNAME, cni_flag::IFNAME_TRUNCATED),
                     env_scan_limited: has(cni_flag::ENV_SCAN_LIMIT),

@@ -304,12 +304,12 @@ fn load_variant(ebpf: &mut Ebpf, variant: Variant, category: &str, name: &str) -
     let tail = ebpf.program_mut(variant.tail).ok_or(VariantError::Missing(ProbeError::MissingProgram(variant.tail)))?;
     let tail = <&mut TracePoint>::try_from(tail).map_err(|e| VariantError::Refused(e.to_string()))?;
     tail.load().map_err(|e| VariantError::Refused(format!("{}: {}", variant.tail, explain(&e, attach))))?;
-    let tail_fd = tail.fd().map_err(|e| VariantError::Refused(e.to_string()))?.try_clone().map_err(|e| {
-        VariantError::Refused(format!("{}: {e}", variant.tail))
-    })?;
-    let map = ebpf
-        .map_mut(variant.tail_map)
-        .ok_or(VariantError::Missing(ProbeError::MissingMap(variant.tail_map)))?;
+    let tail_fd = tail
+        .fd()
+        .map_err(|e| VariantError::Refused(e.to_string()))?
+        .try_clone()
+        .map_err(|e| VariantError::Refused(format!("{}: {e}", variant.tail)))?;
+    let map = ebpf.map_mut(variant.tail_map).ok_or(VariantError::Missing(ProbeError::MissingMap(variant.tail_map)))?;
     let mut slots: ProgramArray<&mut MapData> = ProgramArray::try_from(map)
         .map_err(|e| VariantError::Missing(ProbeError::Map { name: variant.tail_map, source: Box::new(e) }))?;
     slots.set(0, &tail_fd, 0).map_err(|e| VariantError::Refused(format!("{}: {e}", variant.tail_map)))?;
@@ -375,7 +375,11 @@ impl Probes {
                 let (state, implementation) =
                     load_with_variant(&mut ebpf, spec, variant, (category, name), force_variants)?;
                 if let (ProbeState::Unavailable(reason), true, true) = (&state, spec.required, strict) {
-                    return Err(ProbeError::Required { program: spec.program, attach: spec.attach, reason: reason.clone() });
+                    return Err(ProbeError::Required {
+                        program: spec.program,
+                        attach: spec.attach,
+                        reason: reason.clone(),
+                    });
                 }
                 status.push(ProbeStatus { spec: *spec, state, implementation: Some(implementation) });
                 continue;
@@ -429,8 +433,7 @@ impl Probes {
         let events = self.ebpf.take_map("EVENTS").ok_or(ProbeError::MissingMap("EVENTS"))?;
         let events = RingBuf::try_from(events).map_err(|e| ProbeError::Map { name: "EVENTS", source: Box::new(e) })?;
         let drops = self.ebpf.take_map("DROPS").ok_or(ProbeError::MissingMap("DROPS"))?;
-        let drops =
-            PerCpuArray::try_from(drops).map_err(|e| ProbeError::Map { name: "DROPS", source: Box::new(e) })?;
+        let drops = PerCpuArray::try_from(drops).map_err(|e| ProbeError::Map { name: "DROPS", source: Box::new(e) })?;
         Ok((events, DropCounter { map: drops }))
     }
 }

@@ -52,9 +52,7 @@ pub const STUCK_IN_FLIGHT: Duration = Duration::from_mins(2);
 pub fn made_here(ledger: &Ledger, cache: &[CachedAttachment]) -> HashMap<String, SystemTime> {
     let mut seen: HashMap<String, SystemTime> = HashMap::new();
     for entry in cache {
-        let at = seen
-            .entry(entry.container_id.clone())
-            .or_insert(entry.written_at);
+        let at = seen.entry(entry.container_id.clone()).or_insert(entry.written_at);
         *at = (*at).min(entry.written_at);
     }
     for a in ledger.attachments() {
@@ -74,18 +72,11 @@ const MAX_CNI_PODS: usize = 65_536;
 pub fn pod_from_environ(path: &str, container_id: &str) -> Option<(String, String)> {
     use std::io::Read as _;
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .ok()?
-        .take(256 * 1024)
-        .read_to_end(&mut bytes)
-        .ok()?;
+    std::fs::File::open(path).ok()?.take(256 * 1024).read_to_end(&mut bytes).ok()?;
     let vars: Vec<&[u8]> = bytes.split(|b| *b == 0).collect();
     let value = |name: &str| {
         vars.iter()
-            .find_map(|v| {
-                v.strip_prefix(name.as_bytes())
-                    .and_then(|rest| rest.strip_prefix(b"="))
-            })
+            .find_map(|v| v.strip_prefix(name.as_bytes()).and_then(|rest| rest.strip_prefix(b"=")))
             .and_then(|v| std::str::from_utf8(v).ok())
     };
     if value("CNI_CONTAINERID")? != container_id {
@@ -140,34 +131,26 @@ pub fn stuck_sandboxes(ledger: &Ledger, now: SystemTime) -> Vec<(String, String)
         // their binary. Stuck: its DEL failed again and again, and the last
         // one failed too.
         let mut dels: BTreeMap<&str, (usize, bool)> = BTreeMap::new();
-        for op in a
-            .operations
-            .iter()
-            .filter(|op| op.command == "DEL" && !op.in_flight())
-        {
+        for op in a.operations.iter().filter(|op| op.command == "DEL" && !op.in_flight()) {
             let failed = op.result() == "failure";
             let entry = dels.entry(op.plugin.as_str()).or_default();
             entry.0 += usize::from(failed);
             entry.1 = failed;
         }
-        let failing = dels
-            .iter()
-            .find(|(_, (failures, last_failed))| *last_failed && *failures >= STUCK_FAILED_DELS);
+        let failing = dels.iter().find(|(_, (failures, last_failed))| *last_failed && *failures >= STUCK_FAILED_DELS);
         if let Some((plugin, (failures, _))) = failing {
             let why = format!("CNI DEL failed {failures} times ({plugin}), the last one too");
             out.push((a.container_id.clone(), why));
             continue;
         }
-        let long = a.operations.iter().filter(|op| op.in_flight()).find(|op| {
-            now.duration_since(op.started_at)
-                .is_ok_and(|d| d >= STUCK_IN_FLIGHT)
-        });
+        let long = a
+            .operations
+            .iter()
+            .filter(|op| op.in_flight())
+            .find(|op| now.duration_since(op.started_at).is_ok_and(|d| d >= STUCK_IN_FLIGHT));
         if let Some(op) = long {
             let secs = now.duration_since(op.started_at).map_or(0, |d| d.as_secs());
-            out.push((
-                a.container_id.clone(),
-                format!("CNI {} by {} in flight for {secs} s", op.command, op.plugin),
-            ));
+            out.push((a.container_id.clone(), format!("CNI {} by {} in flight for {secs} s", op.command, op.plugin)));
         }
     }
     out.sort();
@@ -226,22 +209,16 @@ impl KubeAgent {
                 return Ok(None);
             }
         };
-        let pods = config
-            .node_name
-            .as_deref()
-            .map(|node| PodWatch::start(&client, node));
+        let pods = config.node_name.as_deref().map(|node| PodWatch::start(&client, node));
         if pods.is_none() {
             warn!("Kubernetes: no --node-name/NODE_NAME: the node's pods are not evidence");
         }
-        let pools = Reflected::start(
-            Api::<IpPool>::all(client.clone()),
-            watcher::Config::default(),
-            "whereabouts IPPools",
-        );
+        let pools =
+            Reflected::start(Api::<IpPool>::all(client.clone()), watcher::Config::default(), "whereabouts IPPools");
         let instance = config.node_name.as_ref().map(|n| format!("netreap-{n}"));
         let events = EventSink::start(client.clone(), instance);
-        let journal = Journal::open(&config.state_dir.join(JOURNAL_SUBDIR))
-            .context("opening the whereabouts release journal")?;
+        let journal =
+            Journal::open(&config.state_dir.join(JOURNAL_SUBDIR)).context("opening the whereabouts release journal")?;
         log_origin(&origin, config.node_name.as_deref());
         Ok(Some(Self {
             client,
@@ -272,9 +249,7 @@ impl KubeAgent {
             let pools: Vec<IpPool> = pools.iter().map(|p| IpPool::clone(p)).collect();
             let seen = made_here(ledger, cache);
             self.scan = whereabouts::scan_pools(&pools, |cid| seen.get(cid).copied());
-        } else if !self.crd_missing_logged
-            && self.pools.last_error().is_some_and(|e| e.contains("404"))
-        {
+        } else if !self.crd_missing_logged && self.pools.last_error().is_some_and(|e| e.contains("404")) {
             info!("whereabouts IPPool CRD not found: the whereabouts store is off");
             self.crd_missing_logged = true;
         }
@@ -321,11 +296,7 @@ impl KubeAgent {
         let mut records = Vec::new();
         // The pool watch failing says the API is away: nothing can be
         // re-read or patched, so nothing is tried (verdicts stay as they are).
-        if self.pools.last_error().is_some()
-            || self
-                .api_backoff_until
-                .is_some_and(|t| std::time::Instant::now() < t)
-        {
+        if self.pools.last_error().is_some() || self.api_backoff_until.is_some_and(|t| std::time::Instant::now() < t) {
             return Ok(records);
         }
         if !self.recovered {
@@ -334,14 +305,7 @@ impl KubeAgent {
                 let outcome = if intent.dry_run {
                     Outcome::DryRunClosed
                 } else {
-                    whereabouts::release(
-                        &self.client,
-                        &intent.verdict.reservation,
-                        false,
-                        &reverify,
-                        &mut *look,
-                    )
-                    .await
+                    whereabouts::release(&self.client, &intent.verdict.reservation, false, &reverify, &mut *look).await
                 };
                 self.journal.record_outcome(&intent.id, &outcome, None)?;
                 info!(intent = %intent.id, ip = %intent.verdict.reservation.ip, "recovered whereabouts intent: {outcome}");
@@ -359,14 +323,7 @@ impl KubeAgent {
                 continue;
             }
             let intent = self.journal.record_intent(v, self.dry_run)?;
-            let outcome = whereabouts::release(
-                &self.client,
-                &v.reservation,
-                self.dry_run,
-                &reverify,
-                &mut *look,
-            )
-            .await;
+            let outcome = whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify, &mut *look).await;
             self.journal.record_outcome(&intent.id, &outcome, None)?;
             info!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
             let failed = matches!(outcome, Outcome::Failed { .. });
@@ -410,15 +367,11 @@ impl KubeAgent {
         self.named
             .get(container_id)
             .or_else(|| self.cni_pods.get(container_id))
-            .map(|(namespace, name)| Regarding::Pod {
-                namespace: namespace.clone(),
-                name: name.clone(),
-            })
+            .map(|(namespace, name)| Regarding::Pod { namespace: namespace.clone(), name: name.clone() })
     }
 
     fn on_pod_or_node(&self, container_id: &str) -> Option<Regarding> {
-        self.pod_of(container_id)
-            .or_else(|| self.node.clone().map(|name| Regarding::Node { name }))
+        self.pod_of(container_id).or_else(|| self.node.clone().map(|name| Regarding::Node { name }))
     }
 
     /// Events for a reconcile: each release that changed a store, each new
@@ -429,13 +382,7 @@ impl KubeAgent {
             let Some(regarding) = self.on_pod_or_node(&r.container_id) else {
                 continue;
             };
-            let why: Vec<&str> = record
-                .verdict
-                .evidence
-                .iter()
-                .take(2)
-                .map(|e| e.text.as_str())
-                .collect();
+            let why: Vec<&str> = record.verdict.evidence.iter().take(2).map(|e| e.text.as_str()).collect();
             self.events.send(Notice {
                 regarding,
                 warning: false,
@@ -493,10 +440,7 @@ fn short(container_id: &str) -> &str {
 }
 
 fn log_origin(origin: &ConfigOrigin, node: Option<&str>) {
-    info!(
-        node = node.unwrap_or("-"),
-        "Kubernetes source on ({origin}): pods as evidence, whereabouts store, Events"
-    );
+    info!(node = node.unwrap_or("-"), "Kubernetes source on ({origin}): pods as evidence, whereabouts store, Events");
 }
 
 /// Whether a reservation lives in whereabouts (for callers that split a
@@ -513,8 +457,7 @@ mod tests {
 
     #[test]
     fn cni_args_name_a_pod_only_with_both_keys() {
-        let pod =
-            pod_of_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u");
+        let pod = pod_of_cni_args("IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u");
         assert_eq!(pod, Some(("ns".to_owned(), "p".to_owned())));
         assert_eq!(pod_of_cni_args("K8S_POD_NAME=p"), None);
         assert_eq!(pod_of_cni_args("K8S_POD_NAMESPACE=;K8S_POD_NAME=p"), None);
@@ -525,21 +468,11 @@ mod tests {
     fn an_environ_names_a_pod_only_for_its_own_container() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("environ");
-        std::fs::write(
-            &path,
-            b"PATH=/bin\0CNI_CONTAINERID=c1\0CNI_ARGS=K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p\0",
-        )
-        .unwrap();
+        std::fs::write(&path, b"PATH=/bin\0CNI_CONTAINERID=c1\0CNI_ARGS=K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p\0")
+            .unwrap();
         let path = path.to_string_lossy().into_owned();
-        assert_eq!(
-            pod_from_environ(&path, "c1"),
-            Some(("ns".to_owned(), "p".to_owned()))
-        );
-        assert_eq!(
-            pod_from_environ(&path, "c2"),
-            None,
-            "a reused pid names another container"
-        );
+        assert_eq!(pod_from_environ(&path, "c1"), Some(("ns".to_owned(), "p".to_owned())));
+        assert_eq!(pod_from_environ(&path, "c2"), None, "a reused pid names another container");
         assert_eq!(pod_from_environ("/nonexistent/environ", "c1"), None);
     }
 
@@ -562,9 +495,6 @@ mod tests {
         assert!(pods[1].cni_containers.is_empty());
         let mut none = Observations::default();
         add_pods(&mut none, None, &named);
-        assert!(
-            none.api_pods.is_none(),
-            "no view yet is no evidence, not an empty node"
-        );
+        assert!(none.api_pods.is_none(), "no view yet is no evidence, not an empty node");
     }
 }

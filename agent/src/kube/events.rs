@@ -83,11 +83,7 @@ pub struct SpamFilter {
 impl SpamFilter {
     #[must_use]
     pub fn new(burst: u32, refill_every: Duration) -> Self {
-        Self {
-            burst,
-            refill_every,
-            buckets: HashMap::new(),
-        }
+        Self { burst, refill_every, buckets: HashMap::new() }
     }
 
     /// Whether an event on `object` may go out at `now` (takes a token).
@@ -96,9 +92,7 @@ impl SpamFilter {
         let (tokens, last) = self.buckets.entry(object.clone()).or_insert((burst, now));
         let earned = now.saturating_duration_since(*last).as_secs() / every.as_secs().max(1);
         if earned > 0 {
-            *tokens = (*tokens)
-                .saturating_add(u32::try_from(earned).unwrap_or(u32::MAX))
-                .min(burst);
+            *tokens = (*tokens).saturating_add(u32::try_from(earned).unwrap_or(u32::MAX)).min(burst);
             *last = now;
         }
         if *tokens == 0 {
@@ -108,8 +102,7 @@ impl SpamFilter {
         // Buckets of objects quiet for long are full again: forget them.
         if self.buckets.len() > 4096 {
             let idle = every * burst;
-            self.buckets
-                .retain(|_, (t, l)| *t < burst || now.saturating_duration_since(*l) < idle);
+            self.buckets.retain(|_, (t, l)| *t < burst || now.saturating_duration_since(*l) < idle);
         }
         true
     }
@@ -138,13 +131,7 @@ impl EventSink {
         let (queue, mut rx) = mpsc::channel::<Notice>(QUEUE);
         let counts = Arc::new(EventCounts::default());
         let task_counts = Arc::clone(&counts);
-        let recorder = Recorder::new(
-            client,
-            Reporter {
-                controller: CONTROLLER.into(),
-                instance,
-            },
-        );
+        let recorder = Recorder::new(client, Reporter { controller: CONTROLLER.into(), instance });
         tokio::spawn(async move {
             let mut filter = SpamFilter::new(BURST, REFILL_EVERY);
             while let Some(notice) = rx.recv().await {
@@ -153,11 +140,7 @@ impl EventSink {
                     continue;
                 }
                 let event = Event {
-                    type_: if notice.warning {
-                        EventType::Warning
-                    } else {
-                        EventType::Normal
-                    },
+                    type_: if notice.warning { EventType::Warning } else { EventType::Normal },
                     reason: notice.reason.clone(),
                     note: Some(truncate_note(&notice.note)),
                     action: notice.action.clone(),
@@ -203,20 +186,14 @@ mod tests {
     #[test]
     fn an_object_gets_a_burst_then_one_event_per_refill() {
         let mut filter = SpamFilter::new(3, Duration::from_mins(5));
-        let pod = Regarding::Pod {
-            namespace: "ns".into(),
-            name: "p".into(),
-        };
+        let pod = Regarding::Pod { namespace: "ns".into(), name: "p".into() };
         let other = Regarding::Node { name: "n".into() };
         let t0 = Instant::now();
         assert!((0..3).all(|_| filter.allow(&pod, t0)));
         assert!(!filter.allow(&pod, t0), "burst spent");
         assert!(filter.allow(&other, t0), "buckets are per object");
         assert!(!filter.allow(&pod, t0 + Duration::from_secs(299)));
-        assert!(
-            filter.allow(&pod, t0 + Duration::from_mins(5)),
-            "one token back after the refill period"
-        );
+        assert!(filter.allow(&pod, t0 + Duration::from_mins(5)), "one token back after the refill period");
         assert!(!filter.allow(&pod, t0 + Duration::from_secs(301)));
     }
 

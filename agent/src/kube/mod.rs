@@ -36,15 +36,9 @@ const SERVICE_ACCOUNT_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccou
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     #[error("kubeconfig {}: {source}", .path.display())]
-    Kubeconfig {
-        path: PathBuf,
-        source: kube::config::KubeconfigError,
-    },
+    Kubeconfig { path: PathBuf, source: kube::config::KubeconfigError },
     #[error("kubeconfig {}: {source}", .path.display())]
-    KubeconfigUse {
-        path: PathBuf,
-        source: Box<kube::config::KubeconfigError>,
-    },
+    KubeconfigUse { path: PathBuf, source: Box<kube::config::KubeconfigError> },
     #[error("in-cluster configuration: {0}")]
     InCluster(#[from] kube::config::InClusterError),
     #[error("building the Kubernetes client: {0}")]
@@ -74,9 +68,7 @@ impl KubeError {
 }
 
 /// Runs one API request with [`REQUEST_TIMEOUT`].
-pub(crate) async fn timed<T>(
-    fut: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<T, KubeError> {
+pub(crate) async fn timed<T>(fut: impl Future<Output = Result<T, kube::Error>>) -> Result<T, KubeError> {
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(result) => result.map_err(KubeError::api),
         Err(_) => Err(KubeError::Timeout(REQUEST_TIMEOUT)),
@@ -104,20 +96,14 @@ impl std::fmt::Display for ConfigOrigin {
 
 /// The Kubernetes source as configured: off (and why) or a client.
 pub enum KubeSource {
-    Off {
-        reason: String,
-    },
-    On {
-        client: kube::Client,
-        origin: ConfigOrigin,
-    },
+    Off { reason: String },
+    On { client: kube::Client, origin: ConfigOrigin },
 }
 
 /// Whether a pod's service account is mounted and the API's address given.
 #[must_use]
 pub fn in_cluster() -> bool {
-    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
-        && Path::new(SERVICE_ACCOUNT_TOKEN).exists()
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() && Path::new(SERVICE_ACCOUNT_TOKEN).exists()
 }
 
 /// Builds a client: `kubeconfig` when given (a `KUBECONFIG`-style list of
@@ -126,41 +112,28 @@ pub fn in_cluster() -> bool {
 pub async fn connect(kubeconfig: Option<&Path>) -> Result<KubeSource, KubeError> {
     let (config, origin) = if let Some(list) = kubeconfig {
         let mut merged: Option<Kubeconfig> = None;
-        let files: Vec<PathBuf> = std::env::split_paths(list)
-            .filter(|p| !p.as_os_str().is_empty())
-            .collect();
+        let files: Vec<PathBuf> = std::env::split_paths(list).filter(|p| !p.as_os_str().is_empty()).collect();
         for path in &files {
-            let next = Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig {
-                path: path.clone(),
-                source,
-            })?;
+            let next =
+                Kubeconfig::read_from(path).map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?;
             merged = Some(match merged {
                 None => next,
-                Some(m) => m.merge(next).map_err(|source| KubeError::Kubeconfig {
-                    path: path.clone(),
-                    source,
-                })?,
+                Some(m) => m.merge(next).map_err(|source| KubeError::Kubeconfig { path: path.clone(), source })?,
             });
         }
         let first = files.first().cloned().unwrap_or_else(|| list.to_path_buf());
         let Some(merged) = merged else {
-            return Ok(KubeSource::Off {
-                reason: format!("kubeconfig {:?} names no file", list.display()),
-            });
+            return Ok(KubeSource::Off { reason: format!("kubeconfig {:?} names no file", list.display()) });
         };
         let config = kube::Config::from_custom_kubeconfig(merged, &KubeConfigOptions::default())
             .await
-            .map_err(|source| KubeError::KubeconfigUse {
-                path: first.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(|source| KubeError::KubeconfigUse { path: first.clone(), source: Box::new(source) })?;
         (config, ConfigOrigin::Kubeconfig { path: first })
     } else if in_cluster() {
         (kube::Config::incluster()?, ConfigOrigin::InCluster)
     } else {
         return Ok(KubeSource::Off {
-            reason: "no --kubeconfig, no KUBECONFIG, and not running in a pod (no service account)"
-                .into(),
+            reason: "no --kubeconfig, no KUBECONFIG, and not running in a pod (no service account)".into(),
         });
     };
     let client = kube::Client::try_from(config).map_err(|e| KubeError::Client(Box::new(e)))?;
@@ -239,10 +212,7 @@ pub async fn status(kubeconfig: Option<&Path>, node_name: Option<&str>) -> KubeS
     };
     KubeStatus {
         state: "on",
-        detail: format!(
-            "{origin}, API {}.{} ({}); {pods}",
-            version.major, version.minor, version.git_version
-        ),
+        detail: format!("{origin}, API {}.{} ({}); {pods}", version.major, version.minor, version.git_version),
         origin: Some(origin),
         node_name: node_name.map(str::to_owned),
         whereabouts: Some(whereabouts),

@@ -78,10 +78,7 @@ pub struct ListedPools(pub StoreScan);
 
 impl ReservationStore for ListedPools {
     fn store_ref(&self) -> StoreRef {
-        StoreRef::Whereabouts {
-            namespace: String::new(),
-            pool: String::new(),
-        }
+        StoreRef::Whereabouts { namespace: String::new(), pool: String::new() }
     }
 
     fn scan(&self) -> StoreScan {
@@ -108,36 +105,23 @@ pub async fn release_reviewed(
         release::{Outcome, ReleaseRecord},
     };
     let mut records = Vec::new();
-    for v in reviewed.iter().filter(|v| {
-        v.status == Status::Orphaned && super::agent::is_whereabouts(&v.reservation.store)
-    }) {
-        let record = |outcome, reverified| ReleaseRecord {
-            intent_id: None,
-            dry_run,
-            verdict: v.clone(),
-            outcome,
-            reverified,
-        };
+    for v in
+        reviewed.iter().filter(|v| v.status == Status::Orphaned && super::agent::is_whereabouts(&v.reservation.store))
+    {
+        let record =
+            |outcome, reverified| ReleaseRecord { intent_id: None, dry_run, verdict: v.clone(), outcome, reverified };
         if !shot.pools.scan.reservations.contains(&v.reservation) {
-            let reason =
-                "not one of this node's whereabouts allocations as the pools read now".to_owned();
+            let reason = "not one of this node's whereabouts allocations as the pools read now".to_owned();
             records.push(record(Outcome::Refused { reason }, None));
             continue;
         }
         let fresh = reverify(&v.reservation);
         if fresh.status != Status::Orphaned {
-            records.push(record(
-                Outcome::Kept {
-                    status: fresh.status,
-                    reason: fresh.summary.clone(),
-                },
-                Some(fresh),
-            ));
+            records.push(record(Outcome::Kept { status: fresh.status, reason: fresh.summary.clone() }, Some(fresh)));
             continue;
         }
         let intent = journal.record_intent(&fresh, dry_run)?;
-        let outcome =
-            whereabouts::release(&shot.client, &v.reservation, dry_run, &reverify, look).await;
+        let outcome = whereabouts::release(&shot.client, &v.reservation, dry_run, &reverify, look).await;
         journal.record_outcome(&intent.id, &outcome, Some(&fresh))?;
         records.push(ReleaseRecord {
             intent_id: Some(intent.id),

@@ -39,28 +39,16 @@ pub fn as_evidence(pod: &Pod) -> Option<ApiPod> {
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return None;
     }
-    let mut ips: Vec<IpAddr> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.ip.parse().ok())
-        .collect();
-    if let Some(ip) = status
-        .and_then(|s| s.pod_ip.as_deref())
-        .and_then(|ip| ip.parse().ok())
+    let mut ips: Vec<IpAddr> =
+        status.and_then(|s| s.pod_ips.as_ref()).into_iter().flatten().filter_map(|p| p.ip.parse().ok()).collect();
+    if let Some(ip) = status.and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok())
         && !ips.contains(&ip)
     {
         ips.push(ip);
     }
     // No phase yet is the earliest moment of a pod: Pending.
     let pending = phase.is_none_or(|p| p == "Pending");
-    Some(ApiPod {
-        namespace,
-        name,
-        ips,
-        pending,
-        cni_containers: Vec::new(),
-    })
+    Some(ApiPod { namespace, name, ips, pending, cni_containers: Vec::new() })
 }
 
 /// The view handed to a reconcile.
@@ -83,10 +71,7 @@ impl PodWatch {
     pub fn start(client: &Client, node: &str) -> Self {
         let api: Api<Pod> = Api::all(client.clone());
         let config = watcher::Config::default().fields(&node_selector(node));
-        Self {
-            node: node.to_owned(),
-            reflected: Reflected::start(api, config, "pods of this node"),
-        }
+        Self { node: node.to_owned(), reflected: Reflected::start(api, config, "pods of this node") }
     }
 
     #[must_use]
@@ -98,10 +83,7 @@ impl PodWatch {
     #[must_use]
     pub fn view(&self) -> PodView {
         let (pods, staleness) = self.reflected.view();
-        PodView {
-            pods: pods.map(|p| p.iter().filter_map(|p| as_evidence(p)).collect()),
-            staleness,
-        }
+        PodView { pods: pods.map(|p| p.iter().filter_map(|p| as_evidence(p)).collect()), staleness }
     }
 
     #[must_use]
@@ -119,20 +101,10 @@ mod tests {
 
     fn pod(phase: Option<&str>, ips: &[&str]) -> Pod {
         Pod {
-            metadata: ObjectMeta {
-                name: Some("p".into()),
-                namespace: Some("ns".into()),
-                ..ObjectMeta::default()
-            },
+            metadata: ObjectMeta { name: Some("p".into()), namespace: Some("ns".into()), ..ObjectMeta::default() },
             status: Some(PodStatus {
                 phase: phase.map(str::to_owned),
-                pod_ips: Some(
-                    ips.iter()
-                        .map(|ip| PodIP {
-                            ip: (*ip).to_owned(),
-                        })
-                        .collect(),
-                ),
+                pod_ips: Some(ips.iter().map(|ip| PodIP { ip: (*ip).to_owned() }).collect()),
                 ..PodStatus::default()
             }),
             ..Pod::default()
@@ -146,16 +118,8 @@ mod tests {
         assert!(!running.pending);
         let pending = as_evidence(&pod(Some("Pending"), &[])).unwrap();
         assert!(pending.pending && pending.ips.is_empty());
-        assert!(
-            as_evidence(&pod(None, &[])).unwrap().pending,
-            "no phase yet is Pending"
-        );
+        assert!(as_evidence(&pod(None, &[])).unwrap().pending, "no phase yet is Pending");
         assert!(as_evidence(&pod(Some("Succeeded"), &["10.0.0.3"])).is_none());
-        assert!(
-            as_evidence(&pod(Some("Running"), &["not an ip"]))
-                .unwrap()
-                .ips
-                .is_empty()
-        );
+        assert!(as_evidence(&pod(Some("Running"), &["not an ip"])).unwrap().ips.is_empty());
     }
 }

@@ -73,23 +73,14 @@ where
                 }
             }
         });
-        Self {
-            store,
-            health,
-            started: SystemTime::now(),
-            task,
-        }
+        Self { store, health, started: SystemTime::now(), task }
     }
 
     /// The objects (None until the first full list) and how long the view
     /// has not been known current (zero while the watch is healthy).
     #[must_use]
     pub fn view(&self) -> (Option<Vec<Arc<K>>>, Duration) {
-        let h = self
-            .health
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let h = self.health.lock().unwrap_or_else(PoisonError::into_inner).clone();
         let now = SystemTime::now();
         let since = |t: SystemTime| now.duration_since(t).unwrap_or(Duration::ZERO);
         let staleness = match (h.synced, h.failing_since) {

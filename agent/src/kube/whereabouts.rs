@@ -122,11 +122,7 @@ macro_rules! namespaced_crd {
 }
 
 namespaced_crd!(IpPool, "IPPool", "ippools");
-namespaced_crd!(
-    OverlappingReservation,
-    "OverlappingRangeIPReservation",
-    "overlappingrangeipreservations"
-);
+namespaced_crd!(OverlappingReservation, "OverlappingRangeIPReservation", "overlappingrangeipreservations");
 
 /// whereabouts' name for a range: `:` and `/` become `-` (IPv6 ranges
 /// ending in `:` get a `0`).
@@ -144,10 +140,7 @@ pub fn normalize_range(range: &str) -> String {
 #[must_use]
 pub fn network_of(pool_name: &str, range: &str) -> Option<String> {
     let normalized = normalize_range(range);
-    pool_name
-        .strip_suffix(&normalized)?
-        .strip_suffix('-')
-        .map(str::to_owned)
+    pool_name.strip_suffix(&normalized)?.strip_suffix('-').map(str::to_owned)
 }
 
 /// The name of the OverlappingRangeIPReservation of `ip` in `network`.
@@ -182,9 +175,7 @@ pub fn ip_at(range: &str, offset: &str) -> Option<IpAddr> {
             let sum = u64::from(u32::from(v4)).checked_add(offset)?;
             Some(IpAddr::V4(u32::try_from(sum).ok()?.into()))
         }
-        IpAddr::V6(v6) => Some(IpAddr::V6(
-            u128::from(v6).checked_add(u128::from(offset))?.into(),
-        )),
+        IpAddr::V6(v6) => Some(IpAddr::V6(u128::from(v6).checked_add(u128::from(offset))?.into())),
     }
 }
 
@@ -215,16 +206,9 @@ pub fn location(r: &Reservation) -> Result<Location, String> {
         .filter(|o| !o.is_empty() && o.bytes().all(|b| b.is_ascii_digit()))
         .ok_or_else(|| format!("{} names no allocation offset", r.path.display()))?;
     if r.path != reservation_path(namespace, pool, offset) {
-        return Err(format!(
-            "{} is not where pool {namespace}/{pool} keeps its allocations",
-            r.path.display()
-        ));
+        return Err(format!("{} is not where pool {namespace}/{pool} keeps its allocations", r.path.display()));
     }
-    Ok(Location {
-        namespace: namespace.clone(),
-        pool: pool.clone(),
-        offset: offset.to_owned(),
-    })
+    Ok(Location { namespace: namespace.clone(), pool: pool.clone(), offset: offset.to_owned() })
 }
 
 /// What a scan of the pools found for this node.
@@ -251,14 +235,10 @@ pub fn scan_pools(pools: &[IpPool], made_here: impl Fn(&str) -> Option<SystemTim
         let Some(name) = pool.metadata.name.clone() else {
             continue;
         };
-        let store = StoreRef::Whereabouts {
-            namespace: namespace.clone(),
-            pool: name.clone(),
-        };
+        let store = StoreRef::Whereabouts { namespace: namespace.clone(), pool: name.clone() };
         for (offset, alloc) in &pool.spec.allocations {
             let path = reservation_path(&namespace, &name, offset);
-            let anomaly =
-                |kind, detail: String| Anomaly::new(&store, Some(&name), &path, kind, detail);
+            let anomaly = |kind, detail: String| Anomaly::new(&store, Some(&name), &path, kind, detail);
             let Some(created_at) = made_here(&alloc.id) else {
                 out.not_ours += 1;
                 continue;
@@ -268,18 +248,12 @@ pub fn scan_pools(pools: &[IpPool], made_here: impl Fn(&str) -> Option<SystemTim
                 continue;
             }
             let Some(ip) = ip_at(&pool.spec.range, offset) else {
-                let detail = format!(
-                    "offset {offset:?} of range {:?} is not an IP",
-                    pool.spec.range
-                );
-                out.scan
-                    .anomalies
-                    .push(anomaly(AnomalyKind::UnparsableName, detail));
+                let detail = format!("offset {offset:?} of range {:?} is not an IP", pool.spec.range);
+                out.scan.anomalies.push(anomaly(AnomalyKind::UnparsableName, detail));
                 continue;
             };
             if let Some((ns, pod)) = alloc.podref.split_once('/') {
-                out.pods
-                    .insert(alloc.id.clone(), (ns.to_owned(), pod.to_owned()));
+                out.pods.insert(alloc.id.clone(), (ns.to_owned(), pod.to_owned()));
             }
             out.scan.reservations.push(Reservation {
                 store: store.clone(),
@@ -327,8 +301,7 @@ fn current(pool: &IpPool, loc: &Location, r: &Reservation) -> Current {
         return Current::Gone;
     };
     let ifname = alloc.ifname.clone().filter(|i| !i.is_empty());
-    if alloc.id != r.container_id || (ifname.is_some() && r.ifname.is_some() && ifname != r.ifname)
-    {
+    if alloc.id != r.container_id || (ifname.is_some() && r.ifname.is_some() && ifname != r.ifname) {
         return Current::Changed(format!("{} {}", alloc.id, alloc.podref));
     }
     if ip_at(&pool.spec.range, &loc.offset) != Some(r.ip) {
@@ -347,10 +320,7 @@ fn current(pool: &IpPool, loc: &Location, r: &Reservation) -> Current {
 /// The last look and the patch are not under one lock as with host-local;
 /// the patch's resourceVersion test stands in for it: whereabouts hands an
 /// IP out only by writing the pool, which would fail the test.
-#[expect(
-    clippy::too_many_lines,
-    reason = "one re-read, decide, look, patch loop, read top to bottom"
-)]
+#[expect(clippy::too_many_lines, reason = "one re-read, decide, look, patch loop, read top to bottom")]
 pub async fn release(
     client: &Client,
     r: &Reservation,
@@ -369,9 +339,7 @@ pub async fn release(
             Ok(pool) => pool,
             Err(e) if e.status_code() == Some(404) => return Outcome::AlreadyGone,
             Err(e) => {
-                return Outcome::Failed {
-                    error: format!("reading pool {}/{}: {e}", loc.namespace, loc.pool),
-                };
+                return Outcome::Failed { error: format!("reading pool {}/{}: {e}", loc.namespace, loc.pool) };
             }
         };
         let fresh = match current(&pool, &loc, r) {
@@ -381,10 +349,7 @@ pub async fn release(
         };
         let verdict = reverify(&fresh);
         if verdict.status != Status::Orphaned {
-            return Outcome::Kept {
-                status: verdict.status,
-                reason: verdict.summary,
-            };
+            return Outcome::Kept { status: verdict.status, reason: verdict.summary };
         }
         if let Err(found) = look.before_unlink(&fresh) {
             return Outcome::LastLookKept {
@@ -393,9 +358,7 @@ pub async fn release(
             };
         }
         let Some(rv) = pool.metadata.resource_version.clone() else {
-            return Outcome::Failed {
-                error: "pool has no resourceVersion: refusing an untested patch".into(),
-            };
+            return Outcome::Failed { error: "pool has no resourceVersion: refusing an untested patch".into() };
         };
         let network = network_of(&loc.pool, &pool.spec.range);
         if dry_run {
@@ -408,22 +371,13 @@ pub async fn release(
                 )],
             };
         }
-        let patch: json_patch::Patch =
-            match serde_json::from_value(removal_patch(&rv, &loc.offset, &r.container_id)) {
-                Ok(p) => p,
-                Err(e) => {
-                    return Outcome::Failed {
-                        error: format!("building the patch: {e}"),
-                    };
-                }
-            };
-        match timed(pools.patch(
-            &loc.pool,
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        ))
-        .await
-        {
+        let patch: json_patch::Patch = match serde_json::from_value(removal_patch(&rv, &loc.offset, &r.container_id)) {
+            Ok(p) => p,
+            Err(e) => {
+                return Outcome::Failed { error: format!("building the patch: {e}") };
+            }
+        };
+        match timed(pools.patch(&loc.pool, &PatchParams::default(), &Patch::Json::<()>(patch))).await {
             Ok(patched) => {
                 let mut notes = vec![format!(
                     "pool {}/{} patched at resourceVersion {rv} -> {}",
@@ -433,24 +387,17 @@ pub async fn release(
                 )];
                 notes.extend(refused);
                 notes.push(delete_reservation(client, &loc.namespace, r, network.as_deref()).await);
-                return Outcome::Released {
-                    cache_entries_removed: Vec::new(),
-                    cache_notes: notes,
-                };
+                return Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: notes };
             }
             Err(e) if matches!(e.status_code(), Some(409 | 422)) => {
                 // Someone changed the pool since it was read: its test
                 // failed. Read again and decide again.
                 tracing::info!(pool = %loc.pool, ip = %r.ip, "pool changed under the patch ({e}); re-reading");
-                refused.push(format!(
-                    "patch at resourceVersion {rv} refused ({}): re-read",
-                    e.status_code().unwrap_or(0)
-                ));
+                refused
+                    .push(format!("patch at resourceVersion {rv} refused ({}): re-read", e.status_code().unwrap_or(0)));
             }
             Err(e) => {
-                return Outcome::Failed {
-                    error: format!("patching pool {}/{}: {e}", loc.namespace, loc.pool),
-                };
+                return Outcome::Failed { error: format!("patching pool {}/{}: {e}", loc.namespace, loc.pool) };
             }
         }
     }
@@ -465,12 +412,7 @@ pub async fn release(
 /// Deletes the OverlappingRangeIPReservation of a released IP, with a
 /// resourceVersion precondition, and only while it names the same
 /// container. Returns what happened, for the outcome's notes.
-async fn delete_reservation(
-    client: &Client,
-    namespace: &str,
-    r: &Reservation,
-    network: Option<&str>,
-) -> String {
+async fn delete_reservation(client: &Client, namespace: &str, r: &Reservation, network: Option<&str>) -> String {
     let api: Api<OverlappingReservation> = Api::namespaced(client.clone(), namespace);
     let name = reservation_name(r.ip, network);
     let orip = match timed(api.get(&name)).await {
@@ -479,16 +421,10 @@ async fn delete_reservation(
         Err(e) => return format!("reservation {name} kept: reading it failed: {e}"),
     };
     if orip.spec.containerid != r.container_id {
-        return format!(
-            "reservation {name} kept: it names container {:?}",
-            orip.spec.containerid
-        );
+        return format!("reservation {name} kept: it names container {:?}", orip.spec.containerid);
     }
     let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: orip.metadata.resource_version.clone(),
-            uid: None,
-        }),
+        preconditions: Some(Preconditions { resource_version: orip.metadata.resource_version.clone(), uid: None }),
         ..DeleteParams::default()
     };
     match timed(api.delete(&name, &dp)).await {
@@ -508,11 +444,7 @@ mod tests {
         assert_eq!(ip_at("10.0.0.8/24", "1"), Some("10.0.0.9".parse().unwrap()));
         assert_eq!(ip_at("fd00::/64", "16"), Some("fd00::10".parse().unwrap()));
         assert_eq!(ip_at("10.0.0.0/24", "-1"), None);
-        assert_eq!(
-            ip_at("10.0.0.0/24", "05"),
-            None,
-            "whereabouts never writes a leading zero"
-        );
+        assert_eq!(ip_at("10.0.0.0/24", "05"), None, "whereabouts never writes a leading zero");
         assert_eq!(ip_at("10.0.0.0/24", "x"), None);
         assert_eq!(ip_at("255.255.255.255/32", "1"), None);
         assert_eq!(ip_at("10.0.0.0", "1"), None);
@@ -522,19 +454,10 @@ mod tests {
     fn names_follow_whereabouts() {
         assert_eq!(normalize_range("10.0.0.0/24"), "10.0.0.0-24");
         assert_eq!(normalize_range("fd00::/64"), "fd00---64");
-        assert_eq!(
-            network_of("net-a-10.0.0.0-24", "10.0.0.0/24").as_deref(),
-            Some("net-a")
-        );
+        assert_eq!(network_of("net-a-10.0.0.0-24", "10.0.0.0/24").as_deref(), Some("net-a"));
         assert_eq!(network_of("10.0.0.0-24", "10.0.0.0/24"), None);
-        assert_eq!(
-            reservation_name("10.0.0.5".parse().unwrap(), None),
-            "10.0.0.5"
-        );
-        assert_eq!(
-            reservation_name("fd00::".parse().unwrap(), Some("n")),
-            "n-fd00--0"
-        );
+        assert_eq!(reservation_name("10.0.0.5".parse().unwrap(), None), "10.0.0.5");
+        assert_eq!(reservation_name("fd00::".parse().unwrap(), Some("n")), "n-fd00--0");
     }
 
     fn pool(allocs: &[(&str, &str, &str)]) -> IpPool {
@@ -567,27 +490,16 @@ mod tests {
 
     #[test]
     fn only_this_nodes_allocations_become_reservations() {
-        let p = pool(&[
-            ("2", "mine", "ns/a"),
-            ("3", "theirs", "ns/b"),
-            ("x", "mine2", "ns/c"),
-        ]);
+        let p = pool(&[("2", "mine", "ns/a"), ("3", "theirs", "ns/b"), ("x", "mine2", "ns/c")]);
         let at = SystemTime::UNIX_EPOCH;
         let scan = scan_pools(&[p], |id| id.starts_with("mine").then_some(at));
         assert_eq!(scan.not_ours, 1);
         assert_eq!(scan.scan.reservations.len(), 1);
         let r = &scan.scan.reservations[0];
-        assert_eq!(
-            (r.ip.to_string().as_str(), r.container_id.as_str()),
-            ("10.0.0.2", "mine")
-        );
+        assert_eq!((r.ip.to_string().as_str(), r.container_id.as_str()), ("10.0.0.2", "mine"));
         assert_eq!(location(r).unwrap().offset, "2");
         assert_eq!(scan.pods["mine"], ("ns".to_owned(), "a".to_owned()));
-        assert_eq!(
-            scan.scan.anomalies.len(),
-            1,
-            "an offset that is no number is reported"
-        );
+        assert_eq!(scan.scan.anomalies.len(), 1, "an offset that is no number is reported");
     }
 
     #[test]
@@ -602,27 +514,16 @@ mod tests {
     #[test]
     fn the_patch_tests_version_and_owner_before_it_removes() {
         let patch = removal_patch("7", "2", "c1");
-        assert_eq!(
-            patch[0],
-            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
-        );
-        assert_eq!(
-            patch[1],
-            json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c1"})
-        );
-        assert_eq!(
-            patch[2],
-            json!({"op": "remove", "path": "/spec/allocations/2"})
-        );
+        assert_eq!(patch[0], json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"}));
+        assert_eq!(patch[1], json!({"op": "test", "path": "/spec/allocations/2/id", "value": "c1"}));
+        assert_eq!(patch[2], json!({"op": "remove", "path": "/spec/allocations/2"}));
         let typed: json_patch::Patch = serde_json::from_value(patch).unwrap();
         assert_eq!(typed.0.len(), 3);
     }
 
     #[test]
     fn a_report_cannot_point_a_release_elsewhere() {
-        let scan = scan_pools(&[pool(&[("2", "c1", "ns/a")])], |_| {
-            Some(SystemTime::UNIX_EPOCH)
-        });
+        let scan = scan_pools(&[pool(&[("2", "c1", "ns/a")])], |_| Some(SystemTime::UNIX_EPOCH));
         let mut r = scan.scan.reservations[0].clone();
         assert!(location(&r).is_ok());
         r.path = PathBuf::from("whereabouts/other/10.0.0.0-24/2");

@@ -138,7 +138,8 @@ impl StatResolver {
     fn candidates(&self, path: &str, pid: Option<u32>) -> Vec<std::path::PathBuf> {
         let mut candidates: Vec<std::path::PathBuf> = Vec::with_capacity(3);
         if let Some(pid) = pid {
-            candidates.push(crate::discovery::under_root(std::path::Path::new(&format!("/proc/{pid}/root")), path.as_ref()));
+            candidates
+                .push(crate::discovery::under_root(std::path::Path::new(&format!("/proc/{pid}/root")), path.as_ref()));
         }
         candidates.push(path.into());
         if let Some(root) = &self.host_root {
@@ -254,15 +255,17 @@ impl Ledger {
                     entry.netns_path = Some(path.clone());
                 }
                 if let Some(ifname) = &ifname
-                    && !entry.ifnames.contains(ifname) {
-                        entry.ifnames.push(ifname.clone());
-                    }
+                    && !entry.ifnames.contains(ifname)
+                {
+                    entry.ifnames.push(ifname.clone());
+                }
                 // A process exec'ing a second CNI binary (a plugin delegating
                 // to IPAM by exec, rare) finishes its first operation.
                 if let Some(previous) = self.running.insert(task.tgid, container_id.clone())
-                    && let Some(prev) = self.by_container.get_mut(&previous) {
-                        finish(prev, task.tgid, at, None, true);
-                    }
+                    && let Some(prev) = self.by_container.get_mut(&previous)
+                {
+                    finish(prev, task.tgid, at, None, true);
+                }
                 let entry = self.by_container.get_mut(&container_id)?;
                 entry.operations.push(CniOperation {
                     command: exec.command.value.clone(),
@@ -319,7 +322,12 @@ impl Ledger {
         self.unattributed.values()
     }
 
-    fn track_unattributed(&mut self, task: &crate::kernel::events::Task, exec: &crate::kernel::events::CniExec, at: SystemTime) {
+    fn track_unattributed(
+        &mut self,
+        task: &crate::kernel::events::Task,
+        exec: &crate::kernel::events::CniExec,
+        at: SystemTime,
+    ) {
         // Ends the run this process was in, if any (see the exec path).
         if let Some(previous) = self.running.remove(&task.tgid)
             && let Some(prev) = self.by_container.get_mut(&previous)

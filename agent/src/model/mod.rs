@@ -15,8 +15,8 @@ pub mod watcher;
 mod worker;
 
 pub use snapshot::{
-    AddrScope, AddressView, Corrections, Creator, DeathSource, HostRouteView, InterfaceView,
-    LinkRef, ModelSnapshot, ModelStats, NetnsDeath, NetnsInode, NetnsRef, NetnsView,
+    AddrScope, AddressView, Corrections, Creator, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot,
+    ModelStats, NetnsDeath, NetnsInode, NetnsRef, NetnsView,
 };
 pub use state::{Model, ModelConfig};
 pub use watcher::{ModelHandle, Watcher, WatcherConfig, WatcherError};

@@ -175,11 +175,7 @@ impl NetnsView {
 
     #[must_use]
     pub fn netns_ref(&self) -> NetnsRef {
-        NetnsRef {
-            inode: self.inode,
-            nsid: self.nsid,
-            host: self.host,
-        }
+        NetnsRef { inode: self.inode, nsid: self.nsid, host: self.host }
     }
 }
 
@@ -261,8 +257,7 @@ impl ModelSnapshot {
 
     /// Every live netns that holds `ip`.
     pub fn holders_of(&self, ip: IpAddr) -> impl Iterator<Item = &NetnsView> {
-        self.alive()
-            .filter(move |n| n.addresses.iter().any(|a| a.ip == ip))
+        self.alive().filter(move |n| n.addresses.iter().any(|a| a.ip == ip))
     }
 }
 

@@ -21,8 +21,8 @@ use std::{
 use tracing::{debug, info, warn};
 
 use super::snapshot::{
-    AddrScope, AddressView, Creator, DeathSource, HostRouteView, InterfaceView, LinkRef,
-    ModelSnapshot, ModelStats, NetnsDeath, NetnsInode, NetnsRef, NetnsView,
+    AddrScope, AddressView, Creator, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot, ModelStats,
+    NetnsDeath, NetnsInode, NetnsRef, NetnsView,
 };
 use crate::{
     discovery::{Scope, Sighting},
@@ -44,11 +44,7 @@ pub struct ModelConfig {
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        Self {
-            dead_retention: Duration::from_mins(10),
-            max_dead: 4096,
-            creator_ttl: Duration::from_mins(5),
-        }
+        Self { dead_retention: Duration::from_mins(10), max_dead: 4096, creator_ttl: Duration::from_mins(5) }
     }
 }
 
@@ -56,18 +52,10 @@ impl Default for ModelConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
     /// Scan, and open every netns found except those in `skip`.
-    Scan {
-        generation: u64,
-        scope: Scope,
-        skip: Arc<HashSet<NetnsInode>>,
-    },
+    Scan { generation: u64, scope: Scope, skip: Arc<HashSet<NetnsInode>> },
     /// Open netns `inode` through the task that entered it, else through
     /// a bind mount.
-    Resolve {
-        inode: NetnsInode,
-        tgid: u32,
-        tid: u32,
-    },
+    Resolve { inode: NetnsInode, tgid: u32, tid: u32 },
 }
 
 /// What the model asks its driver to do.
@@ -247,10 +235,7 @@ struct ScanRequest {
 
 impl ScanRequest {
     fn merge(self, other: Self) -> Self {
-        Self {
-            scope: self.scope.max(other.scope),
-            open_all: self.open_all || other.open_all,
-        }
+        Self { scope: self.scope.max(other.scope), open_all: self.open_all || other.open_all }
     }
 }
 
@@ -312,21 +297,11 @@ fn is_host_route(r: &wire::Route) -> bool {
 }
 
 fn route_key(r: &wire::Route) -> Option<RouteKey> {
-    Some(RouteKey {
-        dst: r.dst?,
-        dst_len: r.dst_len,
-        table: r.table,
-        priority: r.priority.unwrap_or(0),
-        oif: r.oif?,
-    })
+    Some(RouteKey { dst: r.dst?, dst_len: r.dst_len, table: r.table, priority: r.priority.unwrap_or(0), oif: r.oif? })
 }
 
 fn addr_key(a: &wire::Address) -> AddrKey {
-    AddrKey {
-        ifindex: a.ifindex,
-        ip: a.ip,
-        prefix_len: a.prefix_len,
-    }
+    AddrKey { ifindex: a.ifindex, ip: a.ip, prefix_len: a.prefix_len }
 }
 
 impl Model {
@@ -422,16 +397,8 @@ impl Model {
         } else {
             info!("netns model: first full sync");
         }
-        self.resync = Some(Resync {
-            started: self.last_now,
-            counting,
-            phase: Phase::WaitingForScan,
-            dumps_left: 0,
-        });
-        self.request_scan(ScanRequest {
-            scope: Scope::Full,
-            open_all: true,
-        });
+        self.resync = Some(Resync { started: self.last_now, counting, phase: Phase::WaitingForScan, dumps_left: 0 });
+        self.request_scan(ScanRequest { scope: Scope::Full, open_all: true });
     }
 
     /// ENOBUFS: notifications were lost. Replies to our queries may be
@@ -439,15 +406,9 @@ impl Model {
     pub fn overrun(&mut self) {
         self.stats.overruns += 1;
         if self.resync.is_some() {
-            debug!(
-                overruns = self.stats.overruns,
-                "netlink overrun during a resync"
-            );
+            debug!(overruns = self.stats.overruns, "netlink overrun during a resync");
         } else {
-            warn!(
-                overruns = self.stats.overruns,
-                "netlink overrun: notifications lost, resyncing"
-            );
+            warn!(overruns = self.stats.overruns, "netlink overrun: notifications lost, resyncing");
         }
         self.start_resync(true);
     }
@@ -459,15 +420,8 @@ impl Model {
         }
         let generation = self.next_generation;
         self.next_generation += 1;
-        let skip: HashSet<NetnsInode> = if req.open_all {
-            HashSet::new()
-        } else {
-            self.by_inode
-                .keys()
-                .copied()
-                .chain(self.host.inode)
-                .collect()
-        };
+        let skip: HashSet<NetnsInode> =
+            if req.open_all { HashSet::new() } else { self.by_inode.keys().copied().chain(self.host.inode).collect() };
         if req.open_all
             && req.scope == Scope::Full
             && let Some(r) = &mut self.resync
@@ -476,19 +430,12 @@ impl Model {
             r.phase = Phase::Scanning(generation);
         }
         self.scan_in_flight = Some((generation, req));
-        self.actions.push(Action::Job(Job::Scan {
-            generation,
-            scope: req.scope,
-            skip: Arc::new(skip),
-        }));
+        self.actions.push(Action::Job(Job::Scan { generation, scope: req.scope, skip: Arc::new(skip) }));
     }
 
     /// The mount table changed: a netns may have been bind-mounted.
     pub fn mounts_changed(&mut self) {
-        self.request_scan(ScanRequest {
-            scope: Scope::Mounts,
-            open_all: false,
-        });
+        self.request_scan(ScanRequest { scope: Scope::Mounts, open_all: false });
     }
 
     /// The driver could not queue a job (channel full): retry later.
@@ -506,10 +453,7 @@ impl Model {
             }
             Job::Resolve { inode, .. } => {
                 self.resolving.remove(inode);
-                self.request_scan(ScanRequest {
-                    scope: Scope::Full,
-                    open_all: false,
-                });
+                self.request_scan(ScanRequest { scope: Scope::Full, open_all: false });
             }
         }
     }
@@ -530,11 +474,7 @@ impl Model {
         self.last_now = now;
         // The kernel always finishes a dump we read; one that does not is a
         // lost request: let the queue move on.
-        if self
-            .active
-            .as_ref()
-            .is_some_and(|a| age(now, a.started_at) > STUCK)
-        {
+        if self.active.as_ref().is_some_and(|a| age(now, a.started_at) > STUCK) {
             warn!("netlink dump unanswered; moving on");
             self.end_dump(DumpEnd::Lost, now);
         }
@@ -545,11 +485,7 @@ impl Model {
         }
         let retention = self.config.dead_retention;
         while self.dead.len() > self.config.max_dead
-            || self
-                .dead
-                .front()
-                .and_then(|d| d.died_at)
-                .is_some_and(|t| age(now, t) > retention)
+            || self.dead.front().and_then(|d| d.died_at).is_some_and(|t| age(now, t) > retention)
         {
             self.dead.pop_front();
         }
@@ -563,15 +499,9 @@ impl Model {
         }
         // A netns known only by nsid (the kernel assigned it, e.g. for a
         // veth peer): find its inode once our own queries have settled.
-        if self.unresolved_nsids
-            && self.queries.is_empty()
-            && self.live.values().any(|r| r.inode.is_none())
-        {
+        if self.unresolved_nsids && self.queries.is_empty() && self.live.values().any(|r| r.inode.is_none()) {
             self.unresolved_nsids = false;
-            self.request_scan(ScanRequest {
-                scope: Scope::Full,
-                open_all: false,
-            });
+            self.request_scan(ScanRequest { scope: Scope::Full, open_all: false });
         }
     }
 
@@ -584,14 +514,8 @@ impl Model {
     pub fn netns_opened(&mut self, inode: NetnsInode, fd: RawFd, now: SystemTime) {
         self.last_now = now;
         self.resolving.remove(&inode);
-        let counting = self
-            .resync
-            .is_some_and(|r| r.counting && matches!(r.phase, Phase::Scanning(_)));
-        let target = if Some(inode) == self.host.inode {
-            QueryTarget::Host
-        } else {
-            QueryTarget::Inode(inode)
-        };
+        let counting = self.resync.is_some_and(|r| r.counting && matches!(r.phase, Phase::Scanning(_)));
+        let target = if Some(inode) == self.host.inode { QueryTarget::Host } else { QueryTarget::Inode(inode) };
         let known = match target {
             QueryTarget::Host => self.host.nsid.is_some(),
             QueryTarget::Inode(i) => self.by_inode.contains_key(&i),
@@ -599,44 +523,15 @@ impl Model {
         self.query_nsid(target, fd, now, counting, !known);
     }
 
-    fn query_nsid(
-        &mut self,
-        target: QueryTarget,
-        fd: RawFd,
-        now: SystemTime,
-        counting: bool,
-        assign: bool,
-    ) {
+    fn query_nsid(&mut self, target: QueryTarget, fd: RawFd, now: SystemTime, counting: bool, assign: bool) {
         if assign {
             let seq = self.seq();
-            self.queries.insert(
-                seq,
-                Query {
-                    target,
-                    kind: QueryKind::Assign,
-                    sent: now,
-                    counting,
-                },
-            );
-            self.actions.push(Action::Send {
-                request: wire::assign_nsid(seq, fd),
-                dump_seq: None,
-            });
+            self.queries.insert(seq, Query { target, kind: QueryKind::Assign, sent: now, counting });
+            self.actions.push(Action::Send { request: wire::assign_nsid(seq, fd), dump_seq: None });
         }
         let seq = self.seq();
-        self.queries.insert(
-            seq,
-            Query {
-                target,
-                kind: QueryKind::Get,
-                sent: now,
-                counting,
-            },
-        );
-        self.actions.push(Action::Send {
-            request: wire::get_nsid(seq, fd),
-            dump_seq: None,
-        });
+        self.queries.insert(seq, Query { target, kind: QueryKind::Get, sent: now, counting });
+        self.actions.push(Action::Send { request: wire::get_nsid(seq, fd), dump_seq: None });
     }
 
     /// A probe-announced netns could not be opened: gone already, or held
@@ -647,12 +542,7 @@ impl Model {
         debug!(inode, "announced netns could not be opened");
     }
 
-    pub fn scan_done(
-        &mut self,
-        generation: u64,
-        scope: Scope,
-        found: BTreeMap<NetnsInode, Sighting>,
-    ) {
+    pub fn scan_done(&mut self, generation: u64, scope: Scope, found: BTreeMap<NetnsInode, Sighting>) {
         match scope {
             Scope::Full => self.sightings = found,
             Scope::Mounts => {
@@ -662,8 +552,7 @@ impl Model {
                 for (inode, s) in found {
                     self.sightings.entry(inode).or_default().bind_mounts = s.bind_mounts;
                 }
-                self.sightings
-                    .retain(|_, s| !s.bind_mounts.is_empty() || s.process_count > 0);
+                self.sightings.retain(|_, s| !s.bind_mounts.is_empty() || s.process_count > 0);
             }
         }
         self.remember_mounts();
@@ -696,12 +585,7 @@ impl Model {
             // so its replies are read before the dump.
             r.phase = Phase::Nsids;
             let counting = r.counting;
-            self.queue_dump(Dump {
-                target: Target::Host,
-                what: DumpWhat::Nsids,
-                counting,
-                for_resync: true,
-            });
+            self.queue_dump(Dump { target: Target::Host, what: DumpWhat::Nsids, counting, for_resync: true });
         }
         if let Some(req) = self.scan_wanted.take() {
             self.request_scan(req);
@@ -714,21 +598,11 @@ impl Model {
         self.last_now = now;
         self.stats.kernel_events += 1;
         match event {
-            KernelEvent::NetnsEntered {
-                task,
-                netns_inode,
-                via,
-                ..
-            } => {
-                let creation =
-                    matches!(via, NetnsVia::Unshare | NetnsVia::Clone | NetnsVia::Clone3);
+            KernelEvent::NetnsEntered { task, netns_inode, via, .. } => {
+                let creation = matches!(via, NetnsVia::Unshare | NetnsVia::Clone | NetnsVia::Clone3);
                 self.netns_event(task, *netns_inode, creation.then_some(*via));
             }
-            KernelEvent::NetnsCreated {
-                task,
-                netns_inode,
-                via,
-            } => self.netns_event(task, *netns_inode, Some(*via)),
+            KernelEvent::NetnsCreated { task, netns_inode, via } => self.netns_event(task, *netns_inode, Some(*via)),
             KernelEvent::NetnsFreed { task, netns_inode } => {
                 // The record must be this very incarnation: a late record of
                 // an earlier netns with the same inode (reused at once)
@@ -752,11 +626,7 @@ impl Model {
         }
         if let Some(via) = created_via {
             let creator = creator_of(&self.clock, task, via);
-            match self
-                .by_inode
-                .get(&inode)
-                .and_then(|id| self.live.get_mut(id))
-            {
+            match self.by_inode.get(&inode).and_then(|id| self.live.get_mut(id)) {
                 Some(rec) if rec.creator.is_none() => rec.creator = Some(creator),
                 // The record is an older netns with a reused inode whose
                 // death is still queued: keep this for the new one.
@@ -766,11 +636,7 @@ impl Model {
             }
         }
         if !self.by_inode.contains_key(&inode) && self.resolving.insert(inode) {
-            self.actions.push(Action::Job(Job::Resolve {
-                inode,
-                tgid: task.tgid,
-                tid: task.pid,
-            }));
+            self.actions.push(Action::Job(Job::Resolve { inode, tgid: task.tgid, tid: task.pid }));
         }
     }
 
@@ -802,20 +668,11 @@ impl Model {
         match origin_nsid {
             None => Origin::Host,
             Some(n) if Some(n) == self.host.nsid => Origin::Host,
-            Some(n) => self
-                .by_nsid
-                .get(&n)
-                .map_or(Origin::Unknown(n), |&id| Origin::Record(id)),
+            Some(n) => self.by_nsid.get(&n).map_or(Origin::Unknown(n), |&id| Origin::Record(id)),
         }
     }
 
-    fn message(
-        &mut self,
-        origin_nsid: Option<i32>,
-        header: &Header,
-        message: Message,
-        now: SystemTime,
-    ) {
+    fn message(&mut self, origin_nsid: Option<i32>, header: &Header, message: Message, now: SystemTime) {
         let origin = self.origin(origin_nsid);
         if origin == Origin::Host && header.seq != 0 {
             if self.active.as_ref().is_some_and(|a| a.seq == header.seq) {
@@ -835,8 +692,7 @@ impl Model {
                     }
                     Message::Error { errno, .. } => {
                         self.queries.remove(&header.seq);
-                        if !(errno == libc::EEXIST && query.kind == QueryKind::Assign) && errno != 0
-                        {
+                        if !(errno == libc::EEXIST && query.kind == QueryKind::Assign) && errno != 0 {
                             warn!(target = ?query.target, errno, "nsid request failed");
                         }
                         return;
@@ -848,9 +704,7 @@ impl Model {
         match message {
             // Never the host's own nsid: a late reply to a pruned query can
             // carry it.
-            Message::NewNsid { nsid: Some(n) }
-                if origin == Origin::Host && Some(n) != self.host.nsid =>
-            {
+            Message::NewNsid { nsid: Some(n) } if origin == Origin::Host && Some(n) != self.host.nsid => {
                 self.nsid_appeared(n, now);
             }
             Message::DelNsid { nsid: Some(n) } if origin == Origin::Host => {
@@ -876,11 +730,7 @@ impl Model {
                 self.event(target, message, now);
             }
             Message::Error { errno, request_seq } if errno != 0 => {
-                debug!(
-                    errno,
-                    ?request_seq,
-                    "netlink error for a request no longer tracked"
-                );
+                debug!(errno, ?request_seq, "netlink error for a request no longer tracked");
             }
             // Other netns numbering their peers (not our frame of reference),
             // stray acknowledgements, types we did not ask for.
@@ -910,11 +760,7 @@ impl Model {
         let mut rec = Netns::new(inode, Some(nsid), now, born);
         if let Some(i) = inode {
             rec.creator = self.pending_creators.remove(&i);
-            rec.last_mounts = self
-                .sightings
-                .get(&i)
-                .map(|s| s.bind_mounts.clone())
-                .unwrap_or_default();
+            rec.last_mounts = self.sightings.get(&i).map(|s| s.bind_mounts.clone()).unwrap_or_default();
             self.by_inode.insert(i, id);
         }
         self.by_nsid.insert(nsid, id);
@@ -922,12 +768,7 @@ impl Model {
         self.note_seen(Target::Host, DumpWhat::Nsids, Seen::Nsid(nsid));
         debug!(?inode, nsid, "netns tracked");
         for what in [DumpWhat::Links, DumpWhat::Addresses] {
-            self.queue_dump(Dump {
-                target: Target::Record(id),
-                what,
-                counting: false,
-                for_resync: false,
-            });
+            self.queue_dump(Dump { target: Target::Record(id), what, counting: false, for_resync: false });
         }
         id
     }
@@ -959,11 +800,7 @@ impl Model {
                     self.die_superseded(old);
                 }
                 let pending = self.pending_creators.remove(&inode);
-                let mounts = self
-                    .sightings
-                    .get(&inode)
-                    .map(|s| s.bind_mounts.clone())
-                    .unwrap_or_default();
+                let mounts = self.sightings.get(&inode).map(|s| s.bind_mounts.clone()).unwrap_or_default();
                 if let Some(rec) = self.live.get_mut(&id) {
                     rec.inode = Some(inode);
                     rec.last_mounts = mounts;
@@ -1089,12 +926,7 @@ impl Model {
                 let needs_dump = self.upsert_link(target, l, target == Target::Host, false);
                 self.note_seen(target, DumpWhat::Links, Seen::Link(ifindex));
                 if needs_dump {
-                    self.queue_dump(Dump {
-                        target,
-                        what: DumpWhat::Links,
-                        counting: false,
-                        for_resync: false,
-                    });
+                    self.queue_dump(Dump { target, what: DumpWhat::Links, counting: false, for_resync: false });
                 }
             }
             Message::DelLink(l) => {
@@ -1134,13 +966,7 @@ impl Model {
     /// Stores a link; returns whether its netns should be re-dumped to
     /// learn where its peer lives. Counts a correction when a counting dump
     /// finds it new or different.
-    fn upsert_link(
-        &mut self,
-        target: Target,
-        l: wire::Link,
-        our_frame: bool,
-        counting: bool,
-    ) -> bool {
+    fn upsert_link(&mut self, target: Target, l: wire::Link, our_frame: bool, counting: bool) -> bool {
         let Some(ns) = self.netns_mut(target) else {
             return false;
         };
@@ -1150,9 +976,7 @@ impl Model {
             (true, Some(n), _) => LinkNetns::Nsid(n),
             (true, None, _) | (false, _, None) => LinkNetns::Same,
             (false, _, Some(p)) => match old {
-                Some(o) if o.link == Some(p) && o.link_netns != LinkNetns::Unverified => {
-                    o.link_netns
-                }
+                Some(o) if o.link == Some(p) && o.link_netns != LinkNetns::Unverified => o.link_netns,
                 _ => {
                     needs_dump = true;
                     LinkNetns::Unverified
@@ -1179,10 +1003,7 @@ impl Model {
     // ---- dumps -----------------------------------------------------------
 
     fn queue_dump(&mut self, dump: Dump) {
-        let duplicate = self
-            .dumps
-            .iter_mut()
-            .find(|d| d.target == dump.target && d.what == dump.what);
+        let duplicate = self.dumps.iter_mut().find(|d| d.target == dump.target && d.what == dump.what);
         match duplicate {
             Some(d) if !dump.for_resync || d.for_resync => d.counting |= dump.counting,
             _ => self.dumps.push_back(dump),
@@ -1223,10 +1044,7 @@ impl Model {
                 started_epoch,
                 started_at: self.last_now,
             });
-            self.actions.push(Action::Send {
-                request,
-                dump_seq: Some(seq),
-            });
+            self.actions.push(Action::Send { request, dump_seq: Some(seq) });
         }
     }
 
@@ -1405,35 +1223,15 @@ impl Model {
         match (r.phase, dump.what) {
             (Phase::Nsids, DumpWhat::Nsids) => {
                 let mut dumps = vec![
-                    Dump {
-                        target: Target::Host,
-                        what: DumpWhat::Links,
-                        counting: r.counting,
-                        for_resync: true,
-                    },
-                    Dump {
-                        target: Target::Host,
-                        what: DumpWhat::Addresses,
-                        counting: r.counting,
-                        for_resync: true,
-                    },
-                    Dump {
-                        target: Target::Host,
-                        what: DumpWhat::Routes,
-                        counting: r.counting,
-                        for_resync: true,
-                    },
+                    Dump { target: Target::Host, what: DumpWhat::Links, counting: r.counting, for_resync: true },
+                    Dump { target: Target::Host, what: DumpWhat::Addresses, counting: r.counting, for_resync: true },
+                    Dump { target: Target::Host, what: DumpWhat::Routes, counting: r.counting, for_resync: true },
                 ];
                 let mut ids: Vec<RecordId> = self.live.keys().copied().collect();
                 ids.sort_unstable();
                 for id in ids {
                     for what in [DumpWhat::Links, DumpWhat::Addresses] {
-                        dumps.push(Dump {
-                            target: Target::Record(id),
-                            what,
-                            counting: r.counting,
-                            for_resync: true,
-                        });
+                        dumps.push(Dump { target: Target::Record(id), what, counting: r.counting, for_resync: true });
                     }
                 }
                 r.phase = Phase::Dumps;
@@ -1441,8 +1239,7 @@ impl Model {
                 self.resync = Some(r);
                 for d in dumps {
                     // Drop a plain queued duplicate; the resync one replaces it.
-                    self.dumps
-                        .retain(|q| !(q.target == d.target && q.what == d.what && !q.for_resync));
+                    self.dumps.retain(|q| !(q.target == d.target && q.what == d.what && !q.for_resync));
                     self.dumps.push_back(d);
                 }
             }
@@ -1482,12 +1279,11 @@ impl Model {
                 name: l.name.clone(),
                 kind: l.kind.clone(),
                 up: l.flags & consts::IFF_UP != 0,
-                mac: l.mac.as_ref().filter(|m| !m.is_empty()).map(|m| {
-                    m.iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect::<Vec<_>>()
-                        .join(":")
-                }),
+                mac: l
+                    .mac
+                    .as_ref()
+                    .filter(|m| !m.is_empty())
+                    .map(|m| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")),
                 master: l.master,
                 link: l.link.map(|p| resolver.link_ref(target, ifindex, p)),
             })
@@ -1503,11 +1299,7 @@ impl Model {
                 scope: AddrScope::from_raw(scope),
             })
             .collect();
-        let host_routes = resolver
-            .routes_into
-            .get(&target)
-            .cloned()
-            .unwrap_or_default();
+        let host_routes = resolver.routes_into.get(&target).cloned().unwrap_or_default();
         NetnsView {
             inode: ns.inode,
             nsid: ns.nsid,
@@ -1533,10 +1325,7 @@ impl Model {
         let mut netns = vec![self.view(&resolver, Target::Host, &self.host, now)];
         let mut live: Vec<(&RecordId, &Netns)> = self.live.iter().collect();
         live.sort_by_key(|(id, r)| (r.first_seen, **id));
-        netns.extend(
-            live.into_iter()
-                .map(|(&id, r)| self.view(&resolver, Target::Record(id), r, now)),
-        );
+        netns.extend(live.into_iter().map(|(&id, r)| self.view(&resolver, Target::Record(id), r, now)));
         netns.extend(self.dead.iter().map(|d| {
             let mut d = d.clone();
             d.age_secs = age(now, d.first_seen).as_secs();
@@ -1555,18 +1344,11 @@ impl Model {
                     ifname: link.and_then(|l| l.name.clone()),
                     table: k.table,
                     protocol,
-                    netns: link
-                        .and_then(|l| l.link)
-                        .and_then(|p| resolver.link_ref(Target::Host, k.oif, p).netns),
+                    netns: link.and_then(|l| l.link).and_then(|p| resolver.link_ref(Target::Host, k.oif, p).netns),
                 }
             })
             .collect();
-        ModelSnapshot {
-            taken_at: now,
-            netns,
-            host_routes,
-            stats: self.stats.clone(),
-        }
+        ModelSnapshot { taken_at: now, netns, host_routes, stats: self.stats.clone() }
     }
 }
 
@@ -1617,22 +1399,11 @@ impl Resolver {
             reverse: HashMap::new(),
             routes_into: HashMap::new(),
         };
-        let all = std::iter::once((Target::Host, &model.host)).chain(
-            model
-                .live
-                .iter()
-                .map(|(&id, rec)| (Target::Record(id), rec)),
-        );
+        let all = std::iter::once((Target::Host, &model.host))
+            .chain(model.live.iter().map(|(&id, rec)| (Target::Record(id), rec)));
         let all: Vec<(Target, &Netns)> = all.collect();
         for &(t, ns) in &all {
-            r.refs.insert(
-                t,
-                NetnsRef {
-                    inode: ns.inode,
-                    nsid: ns.nsid,
-                    host: t == Target::Host,
-                },
-            );
+            r.refs.insert(t, NetnsRef { inode: ns.inode, nsid: ns.nsid, host: t == Target::Host });
             if let Some(n) = ns.nsid {
                 r.by_nsid.insert(n, t);
             }
@@ -1671,10 +1442,7 @@ impl Resolver {
     fn place(&self, t: Target, ifindex: u32, peer_ifindex: u32) -> Option<(Target, u32)> {
         self.forward.get(&(t, ifindex)).copied().or_else(|| {
             // The other end placed us: a veth pair names each other.
-            self.reverse
-                .get(&(t, ifindex))
-                .copied()
-                .filter(|&(ot, oi)| oi == peer_ifindex && ot != t)
+            self.reverse.get(&(t, ifindex)).copied().filter(|&(ot, oi)| oi == peer_ifindex && ot != t)
         })
     }
 
@@ -1685,11 +1453,7 @@ impl Resolver {
                 ifname: self.names.get(&(o, p)).cloned().flatten(),
                 netns: self.refs.get(&o).copied(),
             },
-            None => LinkRef {
-                ifindex: peer_ifindex,
-                ifname: None,
-                netns: None,
-            },
+            None => LinkRef { ifindex: peer_ifindex, ifname: None, netns: None },
         }
     }
 }

@@ -29,8 +29,8 @@ use crate::{
     netlink::{
         RECV_BUFFER, RtnlSocket, SocketError, SocketOptions,
         wire::consts::{
-            RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE,
-            RTNLGRP_LINK, RTNLGRP_NSID,
+            RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE, RTNLGRP_LINK,
+            RTNLGRP_NSID,
         },
     },
 };
@@ -109,9 +109,7 @@ impl Watcher {
     /// discovery thread and the model task on the current runtime, and
     /// returns once the first full sync is done: every netns that exists
     /// now is in the model. The receiver gets one [`NetnsDeath`] per death.
-    pub async fn start(
-        config: WatcherConfig,
-    ) -> Result<(Self, mpsc::Receiver<NetnsDeath>), WatcherError> {
+    pub async fn start(config: WatcherConfig) -> Result<(Self, mpsc::Receiver<NetnsDeath>), WatcherError> {
         let own = Path::new("/proc/thread-self/ns/net");
         let host_inode = discovery::inode_of(own)? as u32;
         let socket = RtnlSocket::open(&SocketOptions {
@@ -131,14 +129,10 @@ impl Watcher {
         // whole life.
         let socket = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
             .map_err(|e| WatcherError::Poll(e.into()))?;
-        let (jobs, reports) =
-            worker::spawn(config.discovery.clone()).map_err(WatcherError::Thread)?;
+        let (jobs, reports) = worker::spawn(config.discovery.clone()).map_err(WatcherError::Thread)?;
         let mounts = File::open(&config.discovery.mountinfo)
             // SAFETY: as above; mountinfo signals changes with POLLPRI.
-            .and_then(|f| {
-                unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }
-                    .map_err(Into::into)
-            })
+            .and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }.map_err(Into::into))
             .map_err(|e| {
                 warn!("mount changes not watched ({e}); new bind mounts wait for the next resync");
             })
@@ -149,11 +143,7 @@ impl Watcher {
         model.query_host_nsid(own_fd.as_raw_fd(), SystemTime::now());
         model.start_resync(false);
         let (deaths_tx, deaths_rx) = mpsc::channel(config.death_queue.max(1));
-        let mut io = Io {
-            socket,
-            jobs,
-            deaths: deaths_tx,
-        };
+        let mut io = Io { socket, jobs, deaths: deaths_tx };
         io.flush(&mut model)?;
         drop(own_fd);
 
@@ -170,12 +160,7 @@ impl Watcher {
             resync_interval: config.resync_interval,
         };
         let task = tokio::spawn(driver.run());
-        let watcher = Self {
-            handle: ModelHandle {
-                commands: commands_tx,
-            },
-            task,
-        };
+        let watcher = Self { handle: ModelHandle { commands: commands_tx }, task };
         match tokio::time::timeout(config.start_timeout, ready_rx).await {
             Ok(Ok(())) => Ok((watcher, deaths_rx)),
             Ok(Err(_)) => Err(watcher.stop().await.err().unwrap_or(WatcherError::Stopped)),
@@ -222,29 +207,20 @@ impl ModelHandle {
     /// The model now.
     pub async fn snapshot(&self) -> Result<ModelSnapshot, WatcherError> {
         let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Snapshot(tx))
-            .await
-            .map_err(|_| WatcherError::Stopped)?;
+        self.commands.send(Command::Snapshot(tx)).await.map_err(|_| WatcherError::Stopped)?;
         rx.await.map_err(|_| WatcherError::Stopped)
     }
 
     /// Feeds decoded probe events (creators, netns to discover, `__put_net`
     /// deaths). Waits when the model is behind.
     pub async fn kernel_events(&self, events: Vec<KernelEvent>) -> Result<(), WatcherError> {
-        self.commands
-            .send(Command::Kernel(events))
-            .await
-            .map_err(|_| WatcherError::Stopped)
+        self.commands.send(Command::Kernel(events)).await.map_err(|_| WatcherError::Stopped)
     }
 
     /// Runs a full resync now and returns when it has completed.
     pub async fn resync(&self) -> Result<(), WatcherError> {
         let (tx, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Resync(tx))
-            .await
-            .map_err(|_| WatcherError::Stopped)?;
+        self.commands.send(Command::Resync(tx)).await.map_err(|_| WatcherError::Stopped)?;
         rx.await.map_err(|_| WatcherError::Stopped)
     }
 }
@@ -394,19 +370,14 @@ impl Driver {
     fn report(&mut self, report: Report) -> Result<(), WatcherError> {
         match report {
             Report::Opened { inode, fd } => {
-                self.model
-                    .netns_opened(inode, fd.as_raw_fd(), SystemTime::now());
+                self.model.netns_opened(inode, fd.as_raw_fd(), SystemTime::now());
                 // The kernel resolved the fd while handling the send: close
                 // it now, no reference to the netns outlives this.
                 self.io.flush(&mut self.model)?;
                 drop(fd);
             }
             Report::ResolveFailed { inode } => self.model.resolve_failed(inode),
-            Report::ScanDone {
-                generation,
-                scope,
-                found,
-            } => self.model.scan_done(generation, scope, found),
+            Report::ScanDone { generation, scope, found } => self.model.scan_done(generation, scope, found),
             Report::ScanFailed { generation, error } => self.model.scan_failed(generation, &error),
         }
         Ok(())

@@ -20,22 +20,10 @@ use crate::discovery::{self, DiscoveryPaths, Scope, Sighting};
 /// Reports from the discovery thread.
 #[derive(Debug)]
 pub(crate) enum Report {
-    Opened {
-        inode: u32,
-        fd: OwnedFd,
-    },
-    ResolveFailed {
-        inode: u32,
-    },
-    ScanDone {
-        generation: u64,
-        scope: Scope,
-        found: BTreeMap<u32, Sighting>,
-    },
-    ScanFailed {
-        generation: u64,
-        error: String,
-    },
+    Opened { inode: u32, fd: OwnedFd },
+    ResolveFailed { inode: u32 },
+    ScanDone { generation: u64, scope: Scope, found: BTreeMap<u32, Sighting> },
+    ScanFailed { generation: u64, error: String },
 }
 
 /// Jobs waiting for the thread; more than this and the model retries later.
@@ -43,14 +31,10 @@ pub(crate) const JOB_QUEUE: usize = 1024;
 /// Reports (and so open netns fds) in flight at most.
 pub(crate) const REPORT_QUEUE: usize = 32;
 
-pub(crate) fn spawn(
-    paths: DiscoveryPaths,
-) -> std::io::Result<(SyncSender<Job>, mpsc::Receiver<Report>)> {
+pub(crate) fn spawn(paths: DiscoveryPaths) -> std::io::Result<(SyncSender<Job>, mpsc::Receiver<Report>)> {
     let (jobs_tx, jobs_rx) = sync_channel(JOB_QUEUE);
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE);
-    thread::Builder::new()
-        .name("netreap-netns".into())
-        .spawn(move || run(&paths, &jobs_rx, &reports_tx))?;
+    thread::Builder::new().name("netreap-netns".into()).spawn(move || run(&paths, &jobs_rx, &reports_tx))?;
     Ok((jobs_tx, reports_rx))
 }
 
@@ -58,11 +42,7 @@ pub(crate) fn spawn(
 fn run(paths: &DiscoveryPaths, jobs: &Receiver<Job>, reports: &mpsc::Sender<Report>) {
     while let Ok(job) = jobs.recv() {
         let alive = match job {
-            Job::Scan {
-                generation,
-                scope,
-                skip,
-            } => match discovery::scan(paths, scope) {
+            Job::Scan { generation, scope, skip } => match discovery::scan(paths, scope) {
                 Ok(found) => {
                     let mut alive = true;
                     for (&inode, sighting) in &found {
@@ -77,21 +57,9 @@ fn run(paths: &DiscoveryPaths, jobs: &Receiver<Job>, reports: &mpsc::Sender<Repo
                             }
                         }
                     }
-                    alive
-                        && reports
-                            .blocking_send(Report::ScanDone {
-                                generation,
-                                scope,
-                                found,
-                            })
-                            .is_ok()
+                    alive && reports.blocking_send(Report::ScanDone { generation, scope, found }).is_ok()
                 }
-                Err(e) => reports
-                    .blocking_send(Report::ScanFailed {
-                        generation,
-                        error: e.to_string(),
-                    })
-                    .is_ok(),
+                Err(e) => reports.blocking_send(Report::ScanFailed { generation, error: e.to_string() }).is_ok(),
             },
             Job::Resolve { inode, tgid, tid } => {
                 let report = match resolve(paths, inode, tgid, tid) {
@@ -112,10 +80,8 @@ fn run(paths: &DiscoveryPaths, jobs: &Receiver<Job>, reports: &mpsc::Sender<Repo
 /// in it, else through a bind mount (`ip netns add` exits at once).
 fn resolve(paths: &DiscoveryPaths, inode: u32, process: u32, thread: u32) -> Option<OwnedFd> {
     let proc_root = &paths.proc_root;
-    let via_task: [PathBuf; 2] = [
-        proc_root.join(format!("{process}/task/{thread}/ns/net")),
-        proc_root.join(format!("{process}/ns/net")),
-    ];
+    let via_task: [PathBuf; 2] =
+        [proc_root.join(format!("{process}/task/{thread}/ns/net")), proc_root.join(format!("{process}/ns/net"))];
     if let Some((fd, _)) = discovery::open_any(inode, &via_task) {
         return Some(fd);
     }

@@ -42,8 +42,12 @@ pub struct Querier {
 
 impl Querier {
     pub fn open() -> Result<Self, QueryError> {
-        let socket =
-            RtnlSocket::open(&SocketOptions { groups: Vec::new(), listen_all_nsid: false, receive_buffer: 4 << 20, nonblocking: false })?;
+        let socket = RtnlSocket::open(&SocketOptions {
+            groups: Vec::new(),
+            listen_all_nsid: false,
+            receive_buffer: 4 << 20,
+            nonblocking: false,
+        })?;
         // The kernel answers within the call; a read that waits longer is a
         // request that gets no answer: fail rather than hang.
         let timeout = libc::timeval { tv_sec: 2, tv_usec: 0 };

@@ -10,19 +10,14 @@ use std::{
     os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
 };
 
-use super::wire::consts::{
-    NETLINK_ADD_MEMBERSHIP, NETLINK_GET_STRICT_CHK, NETLINK_LISTEN_ALL_NSID, SOL_NETLINK,
-};
+use super::wire::consts::{NETLINK_ADD_MEMBERSHIP, NETLINK_GET_STRICT_CHK, NETLINK_LISTEN_ALL_NSID, SOL_NETLINK};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
     #[error("cannot open a NETLINK_ROUTE socket: {0}")]
     Open(#[source] io::Error),
     #[error("setsockopt {option}: {source}")]
-    Option {
-        option: &'static str,
-        source: io::Error,
-    },
+    Option { option: &'static str, source: io::Error },
     #[error("cannot bind the netlink socket: {0}")]
     Bind(#[source] io::Error),
     #[error("sending a netlink request: {0}")]
@@ -61,31 +56,11 @@ pub struct RtnlSocket {
     fd: OwnedFd,
 }
 
-fn setsockopt_int(
-    fd: RawFd,
-    level: i32,
-    option: i32,
-    name: &'static str,
-    value: i32,
-) -> Result<(), SocketError> {
+fn setsockopt_int(fd: RawFd, level: i32, option: i32, name: &'static str, value: i32) -> Result<(), SocketError> {
     // SAFETY: a valid socket fd and a pointer to an int of the stated size.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            option,
-            (&raw const value).cast(),
-            size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        Err(SocketError::Option {
-            option: name,
-            source: io::Error::last_os_error(),
-        })
-    } else {
-        Ok(())
-    }
+    let rc =
+        unsafe { libc::setsockopt(fd, level, option, (&raw const value).cast(), size_of::<i32>() as libc::socklen_t) };
+    if rc < 0 { Err(SocketError::Option { option: name, source: io::Error::last_os_error() }) } else { Ok(()) }
 }
 
 /// Largest receive buffer an overrun may grow the socket to.
@@ -145,58 +120,27 @@ impl RtnlSocket {
         let raw = sock.fd.as_raw_fd();
         let buf = i32::try_from(options.receive_buffer).unwrap_or(i32::MAX);
         // SO_RCVBUFFORCE needs CAP_NET_ADMIN; fall back to the capped one.
-        if setsockopt_int(
-            raw,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            "SO_RCVBUFFORCE",
-            buf,
-        )
-        .is_err()
-        {
+        if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, "SO_RCVBUFFORCE", buf).is_err() {
             setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF", buf)?;
         }
         // Strict checking is what makes the kernel honour IFA_TARGET_NETNSID.
-        setsockopt_int(
-            raw,
-            SOL_NETLINK,
-            NETLINK_GET_STRICT_CHK,
-            "NETLINK_GET_STRICT_CHK",
-            1,
-        )?;
+        setsockopt_int(raw, SOL_NETLINK, NETLINK_GET_STRICT_CHK, "NETLINK_GET_STRICT_CHK", 1)?;
         if options.listen_all_nsid {
-            setsockopt_int(
-                raw,
-                SOL_NETLINK,
-                NETLINK_LISTEN_ALL_NSID,
-                "NETLINK_LISTEN_ALL_NSID",
-                1,
-            )?;
+            setsockopt_int(raw, SOL_NETLINK, NETLINK_LISTEN_ALL_NSID, "NETLINK_LISTEN_ALL_NSID", 1)?;
         }
         // SAFETY: zeroed sockaddr_nl is valid; port 0 lets the kernel pick.
         let mut addr: libc::sockaddr_nl = unsafe { zeroed() };
         addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
         // SAFETY: valid fd and address of the stated size.
-        let rc = unsafe {
-            libc::bind(
-                raw,
-                (&raw const addr).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
+        let rc =
+            unsafe { libc::bind(raw, (&raw const addr).cast(), size_of::<libc::sockaddr_nl>() as libc::socklen_t) };
         if rc < 0 {
             return Err(SocketError::Bind(io::Error::last_os_error()));
         }
         // Subscribing after bind and before the first dump: nothing falls
         // between the dump and the notifications.
         for &group in &options.groups {
-            setsockopt_int(
-                raw,
-                SOL_NETLINK,
-                NETLINK_ADD_MEMBERSHIP,
-                "NETLINK_ADD_MEMBERSHIP",
-                group as i32,
-            )?;
+            setsockopt_int(raw, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, "NETLINK_ADD_MEMBERSHIP", group as i32)?;
         }
         Ok(sock)
     }
@@ -234,10 +178,7 @@ impl RtnlSocket {
     pub fn recv(&self, buf: &mut [u8]) -> Result<Option<Datagram>, SocketError> {
         // Room for one cmsghdr carrying an int, with alignment slack.
         let mut control = [0u64; 8];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
         // SAFETY: zeroed msghdr is a valid empty header; fields set below.
         let mut msg: libc::msghdr = unsafe { zeroed() };
         msg.msg_iov = &raw mut iov;
@@ -272,21 +213,13 @@ impl RtnlSocket {
             while !cmsg.is_null() {
                 let c = &*cmsg;
                 let data_len = c.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                if c.cmsg_level == SOL_NETLINK
-                    && c.cmsg_type == NETLINK_LISTEN_ALL_NSID
-                    && data_len >= 4
-                {
-                    origin_nsid = Some(std::ptr::read_unaligned(
-                        libc::CMSG_DATA(cmsg).cast::<i32>(),
-                    ));
+                if c.cmsg_level == SOL_NETLINK && c.cmsg_type == NETLINK_LISTEN_ALL_NSID && data_len >= 4 {
+                    origin_nsid = Some(std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>()));
                 }
                 cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
             }
         }
-        Ok(Some(Datagram {
-            len: n,
-            origin_nsid,
-        }))
+        Ok(Some(Datagram { len: n, origin_nsid }))
     }
 }
 

@@ -82,30 +82,21 @@ pub mod consts {
 }
 
 use consts::{
-    AF_INET, AF_INET6, AF_UNSPEC, IFA_ADDRESS, IFA_LABEL, IFA_LOCAL, IFA_TARGET_NETNSID,
-    IFLA_ADDRESS, IFLA_IFNAME, IFLA_INFO_KIND, IFLA_LINK, IFLA_LINK_NETNSID, IFLA_LINKINFO,
-    IFLA_MASTER, IFLA_TARGET_NETNSID, NETNSA_FD, NETNSA_NSID, NLM_F_DUMP, NLM_F_DUMP_INTR,
-    NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NSID_NOT_ASSIGNED, RTA_DST, RTA_OIF,
-    RTA_PRIORITY, RTA_TABLE, RTM_DELADDR, RTM_DELLINK, RTM_DELNSID, RTM_DELROUTE, RTM_GETADDR,
+    AF_INET, AF_INET6, AF_UNSPEC, IFA_ADDRESS, IFA_LABEL, IFA_LOCAL, IFA_TARGET_NETNSID, IFLA_ADDRESS, IFLA_IFNAME,
+    IFLA_INFO_KIND, IFLA_LINK, IFLA_LINK_NETNSID, IFLA_LINKINFO, IFLA_MASTER, IFLA_TARGET_NETNSID, NETNSA_FD,
+    NETNSA_NSID, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NSID_NOT_ASSIGNED,
+    RTA_DST, RTA_OIF, RTA_PRIORITY, RTA_TABLE, RTM_DELADDR, RTM_DELLINK, RTM_DELNSID, RTM_DELROUTE, RTM_GETADDR,
     RTM_GETLINK, RTM_GETNSID, RTM_GETROUTE, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWNSID, RTM_NEWROUTE,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
     #[error("{what}: {have} bytes, need {need}")]
-    Truncated {
-        what: &'static str,
-        have: usize,
-        need: usize,
-    },
+    Truncated { what: &'static str, have: usize, need: usize },
     #[error("message header says {len} bytes but {left} remain")]
     BadMessageLength { len: usize, left: usize },
     #[error("attribute {kind} of {what}: length {len} is invalid")]
-    BadAttribute {
-        what: &'static str,
-        kind: u16,
-        len: usize,
-    },
+    BadAttribute { what: &'static str, kind: u16, len: usize },
     #[error("address family {0} is not IPv4 or IPv6")]
     UnknownFamily(u8),
 }
@@ -204,15 +195,7 @@ fn align4(n: usize) -> usize {
 }
 
 fn need(what: &'static str, bytes: &[u8], n: usize) -> Result<(), WireError> {
-    if bytes.len() < n {
-        Err(WireError::Truncated {
-            what,
-            have: bytes.len(),
-            need: n,
-        })
-    } else {
-        Ok(())
-    }
+    if bytes.len() < n { Err(WireError::Truncated { what, have: bytes.len(), need: n }) } else { Ok(()) }
 }
 
 fn u16_at(b: &[u8], at: usize) -> u16 {
@@ -293,11 +276,7 @@ impl<'a> Iterator for Attrs<'a> {
 
 fn attr_u32(what: &'static str, kind: u16, v: &[u8]) -> Result<u32, WireError> {
     if v.len() < 4 {
-        return Err(WireError::BadAttribute {
-            what,
-            kind,
-            len: v.len() + 4,
-        });
+        return Err(WireError::BadAttribute { what, kind, len: v.len() + 4 });
     }
     Ok(u32_at(v, 0))
 }
@@ -319,11 +298,7 @@ fn attr_ip(what: &'static str, kind: u16, family: u8, v: &[u8]) -> Result<IpAddr
             octets.copy_from_slice(&v[..16]);
             Ok(IpAddr::V6(Ipv6Addr::from(octets)))
         }
-        AF_INET | AF_INET6 => Err(WireError::BadAttribute {
-            what,
-            kind,
-            len: v.len() + 4,
-        }),
+        AF_INET | AF_INET6 => Err(WireError::BadAttribute { what, kind, len: v.len() + 4 }),
         other => Err(WireError::UnknownFamily(other)),
     }
 }
@@ -337,29 +312,18 @@ pub fn decode(header: &Header, payload: &[u8]) -> Result<Message, WireError> {
         RTM_DELADDR => Message::DelAddress(decode_address(payload)?),
         RTM_NEWROUTE => Message::NewRoute(decode_route(payload)?),
         RTM_DELROUTE => Message::DelRoute(decode_route(payload)?),
-        RTM_NEWNSID => Message::NewNsid {
-            nsid: decode_nsid(payload)?,
-        },
-        RTM_DELNSID => Message::DelNsid {
-            nsid: decode_nsid(payload)?,
-        },
+        RTM_NEWNSID => Message::NewNsid { nsid: decode_nsid(payload)? },
+        RTM_DELNSID => Message::DelNsid { nsid: decode_nsid(payload)? },
         NLMSG_DONE => {
             // Old kernels may send DONE without the error word.
-            let error = if payload.len() >= 4 {
-                u32_at(payload, 0) as i32
-            } else {
-                0
-            };
+            let error = if payload.len() >= 4 { u32_at(payload, 0) as i32 } else { 0 };
             Message::Done { error }
         }
         NLMSG_ERROR => {
             need("nlmsgerr", payload, 4)?;
             let error = u32_at(payload, 0) as i32;
             let request_seq = (payload.len() >= 4 + NLMSG_HDRLEN).then(|| u32_at(payload, 4 + 8));
-            Message::Error {
-                errno: -error,
-                request_seq,
-            }
+            Message::Error { errno: -error, request_seq }
         }
         // NOOP, OVERRUN and groups we never joined.
         _ => Message::Other,
@@ -418,19 +382,9 @@ fn decode_address(p: &[u8]) -> Result<Address, WireError> {
             _ => {}
         }
     }
-    let ip = local.or(address).ok_or(WireError::Truncated {
-        what: "ifaddrmsg without IFA_ADDRESS",
-        have: 0,
-        need: 1,
-    })?;
-    Ok(Address {
-        ifindex: u32_at(p, 4),
-        prefix_len: p[1],
-        scope: p[3],
-        ip,
-        label,
-        target_nsid,
-    })
+    let ip =
+        local.or(address).ok_or(WireError::Truncated { what: "ifaddrmsg without IFA_ADDRESS", have: 0, need: 1 })?;
+    Ok(Address { ifindex: u32_at(p, 4), prefix_len: p[1], scope: p[3], ip, label, target_nsid })
 }
 
 fn decode_route(p: &[u8]) -> Result<Route, WireError> {
@@ -523,12 +477,7 @@ pub fn dump_links(seq: u32, target_nsid: Option<i32>) -> Vec<u8> {
 /// is set (needs `NETLINK_GET_STRICT_CHK` on the socket).
 #[must_use]
 pub fn dump_addresses(seq: u32, target_nsid: Option<i32>) -> Vec<u8> {
-    let req = Request::new(
-        RTM_GETADDR,
-        NLM_F_DUMP,
-        seq,
-        &[AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0],
-    );
+    let req = Request::new(RTM_GETADDR, NLM_F_DUMP, seq, &[AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0]);
     match target_nsid {
         Some(n) => req.attr(IFA_TARGET_NETNSID, &n.to_ne_bytes()).finish(),
         None => req.finish(),
@@ -561,9 +510,7 @@ pub fn assign_nsid(seq: u32, fd: i32) -> Vec<u8> {
 /// `RTM_NEWNSID` with the same sequence number.
 #[must_use]
 pub fn get_nsid(seq: u32, fd: i32) -> Vec<u8> {
-    Request::new(RTM_GETNSID, 0, seq, &[AF_UNSPEC])
-        .attr(NETNSA_FD, &(fd as u32).to_ne_bytes())
-        .finish()
+    Request::new(RTM_GETNSID, 0, seq, &[AF_UNSPEC]).attr(NETNSA_FD, &(fd as u32).to_ne_bytes()).finish()
 }
 
 /// Encoders for kernel-side messages, so the model can be tested without a
@@ -613,13 +560,7 @@ pub mod fake {
             v.resize(align4(v.len()), 0);
             a.push((IFLA_LINKINFO, v));
         }
-        message(
-            kind,
-            if seq == 0 { 0 } else { NLM_F_MULTI },
-            seq,
-            &fixed,
-            &a,
-        )
+        message(kind, if seq == 0 { 0 } else { NLM_F_MULTI }, seq, &fixed, &a)
     }
 
     #[must_use]
@@ -634,31 +575,12 @@ pub mod fake {
         if let Some(n) = a.target_nsid {
             attrs.push((IFA_TARGET_NETNSID, n.to_ne_bytes().to_vec()));
         }
-        message(
-            kind,
-            if seq == 0 { 0 } else { NLM_F_MULTI },
-            seq,
-            &fixed,
-            &attrs,
-        )
+        message(kind, if seq == 0 { 0 } else { NLM_F_MULTI }, seq, &fixed, &attrs)
     }
 
     #[must_use]
     pub fn route(kind: u16, seq: u32, r: &Route) -> Vec<u8> {
-        let fixed = [
-            r.family,
-            r.dst_len,
-            0,
-            0,
-            r.table as u8,
-            r.protocol,
-            r.scope,
-            r.route_type,
-            0,
-            0,
-            0,
-            0,
-        ];
+        let fixed = [r.family, r.dst_len, 0, 0, r.table as u8, r.protocol, r.scope, r.route_type, 0, 0, 0, 0];
         let mut attrs = vec![(RTA_TABLE, r.table.to_ne_bytes().to_vec())];
         if let Some(IpAddr::V4(d)) = r.dst {
             attrs.push((RTA_DST, d.octets().to_vec()));
@@ -669,24 +591,12 @@ pub mod fake {
         if let Some(o) = r.oif {
             attrs.push((RTA_OIF, o.to_ne_bytes().to_vec()));
         }
-        message(
-            kind,
-            if seq == 0 { 0 } else { NLM_F_MULTI },
-            seq,
-            &fixed,
-            &attrs,
-        )
+        message(kind, if seq == 0 { 0 } else { NLM_F_MULTI }, seq, &fixed, &attrs)
     }
 
     #[must_use]
     pub fn nsid(kind: u16, seq: u32, nsid: i32) -> Vec<u8> {
-        message(
-            kind,
-            0,
-            seq,
-            &[AF_UNSPEC],
-            &[(NETNSA_NSID, nsid.to_ne_bytes().to_vec())],
-        )
+        message(kind, 0, seq, &[AF_UNSPEC], &[(NETNSA_NSID, nsid.to_ne_bytes().to_vec())])
     }
 
     #[must_use]
@@ -749,54 +659,34 @@ mod tests {
             label: None,
             target_nsid: None,
         };
-        assert_eq!(
-            one(&fake::address(RTM_DELADDR, 0, &a)).1,
-            Message::DelAddress(a)
-        );
+        assert_eq!(one(&fake::address(RTM_DELADDR, 0, &a)).1, Message::DelAddress(a));
         // IPv4 with IFA_LOCAL differing from IFA_ADDRESS (point-to-point).
         let mut msg = Request::new(RTM_NEWADDR, 0, 0, &[AF_INET, 32, 0, 0, 3, 0, 0, 0])
             .attr(IFA_ADDRESS, &[10, 0, 0, 1])
             .attr(IFA_LOCAL, &[10, 0, 0, 2])
             .finish();
         msg[6] = 0;
-        let Message::NewAddress(got) = one(&msg).1 else {
-            panic!("not an address")
-        };
+        let Message::NewAddress(got) = one(&msg).1 else { panic!("not an address") };
         assert_eq!(got.ip, "10.0.0.2".parse::<IpAddr>().unwrap());
     }
 
     #[test]
     fn nsid_not_assigned_is_none() {
-        assert_eq!(
-            one(&fake::nsid(RTM_NEWNSID, 0, -1)).1,
-            Message::NewNsid { nsid: None }
-        );
-        assert_eq!(
-            one(&fake::nsid(RTM_DELNSID, 0, 4)).1,
-            Message::DelNsid { nsid: Some(4) }
-        );
+        assert_eq!(one(&fake::nsid(RTM_NEWNSID, 0, -1)).1, Message::NewNsid { nsid: None });
+        assert_eq!(one(&fake::nsid(RTM_DELNSID, 0, 4)).1, Message::DelNsid { nsid: Some(4) });
     }
 
     #[test]
     fn errors_carry_the_request_sequence() {
         assert_eq!(
             one(&fake::error(12, libc::EEXIST)).1,
-            Message::Error {
-                errno: libc::EEXIST,
-                request_seq: Some(12)
-            }
+            Message::Error { errno: libc::EEXIST, request_seq: Some(12) }
         );
     }
 
     #[test]
     fn requests_have_consistent_lengths() {
-        for req in [
-            dump_links(1, Some(2)),
-            dump_addresses(1, None),
-            dump_routes(3),
-            dump_nsids(4),
-            assign_nsid(5, 9),
-        ] {
+        for req in [dump_links(1, Some(2)), dump_addresses(1, None), dump_routes(3), dump_nsids(4), assign_nsid(5, 9)] {
             assert_eq!(u32_at(&req, 0) as usize, req.len());
             assert_eq!(req.len() % 4, 0);
             assert!(u16_at(&req, 6) & NLM_F_REQUEST != 0);
@@ -807,10 +697,7 @@ mod tests {
     fn a_lying_length_stops_the_datagram() {
         let mut bytes = fake::done(1);
         bytes[0] = 200;
-        assert!(matches!(
-            messages(&bytes).next(),
-            Some(Err(WireError::BadMessageLength { .. }))
-        ));
+        assert!(matches!(messages(&bytes).next(), Some(Err(WireError::BadMessageLength { .. }))));
         let mut attr = fake::nsid(RTM_NEWNSID, 0, 1);
         attr[20] = 99; // attribute length past the end
         let (h, p) = messages(&attr).next().unwrap().unwrap();

@@ -477,8 +477,7 @@ mod tests {
 
     #[test]
     fn garbage_is_skipped_with_warnings() {
-        let Loaded { pending, warnings, torn } =
-            load_bytes(b"not json\n{\"record\":\"outcome\"}\n\n{\"record\":\"int");
+        let Loaded { pending, warnings, torn } = load_bytes(b"not json\n{\"record\":\"outcome\"}\n\n{\"record\":\"int");
         assert!(pending.is_empty());
         assert!(torn);
         assert_eq!(warnings.len(), 3, "{warnings:?}");

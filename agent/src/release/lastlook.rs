@@ -42,7 +42,9 @@ impl std::fmt::Display for LookFound {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::IpConfigured { netns } => write!(f, "its IP is configured now in {}", netns.join(", ")),
-            Self::CniRunInFlight { pid: Some(pid) } => write!(f, "a CNI plugin of its container is running (pid {pid})"),
+            Self::CniRunInFlight { pid: Some(pid) } => {
+                write!(f, "a CNI plugin of its container is running (pid {pid})")
+            }
             Self::CniRunInFlight { pid: None } => f.write_str("a CNI run of its container is in flight"),
             Self::Unavailable { error } => write!(f, "the kernel could not be asked: {error}"),
         }
@@ -88,13 +90,7 @@ impl KernelLook {
         ledger_in_flight: HashSet<String>,
         cni_bin_dirs: Vec<PathBuf>,
     ) -> Self {
-        Self {
-            known_nsids,
-            known_inodes,
-            ledger_in_flight,
-            cni_bin_dirs,
-            proc_root: PathBuf::from("/proc"),
-        }
+        Self { known_nsids, known_inodes, ledger_in_flight, cni_bin_dirs, proc_root: PathBuf::from("/proc") }
     }
 
     fn gather(&self) -> Result<Gathered, String> {

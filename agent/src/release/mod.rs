@@ -203,7 +203,8 @@ impl Releaser {
                 .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
                 .map(|o| o.ip)
                 .collect();
-            let busy_here = busy.iter().find(|b| matches!(b, Outcome::LockBusy { lock, .. } if lock.parent() == Some(dir)));
+            let busy_here =
+                busy.iter().find(|b| matches!(b, Outcome::LockBusy { lock, .. } if lock.parent() == Some(dir)));
             let outcome = match busy_here {
                 Some(earlier) => earlier.clone(),
                 None => self.execute_with(r, dry_run, Some(others), false),
@@ -288,7 +289,13 @@ impl Releaser {
 
     /// `still_held`: the attachment's other IPs when the caller knows them
     /// (a batch); None reads them from the store.
-    fn execute_with(&mut self, r: &Reservation, dry_run: bool, still_held: Option<Vec<IpAddr>>, sync_dir: bool) -> Outcome {
+    fn execute_with(
+        &mut self,
+        r: &Reservation,
+        dry_run: bool,
+        still_held: Option<Vec<IpAddr>>,
+        sync_dir: bool,
+    ) -> Outcome {
         let target = match hostlocal::target(r, &self.config.host_local_dirs) {
             Ok(t) => t,
             Err(reason) => return Outcome::Refused { reason },

@@ -44,7 +44,11 @@ impl fmt::Display for SocketChoice {
             Self::Off => write!(f, "turned off (cri_socket = \"{OFF}\")"),
             Self::NotFound { tried } => {
                 let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
-                write!(f, "no CRI socket at {}; set cri_socket (--cri-socket) if the runtime listens elsewhere", tried.join(", "))
+                write!(
+                    f,
+                    "no CRI socket at {}; set cri_socket (--cri-socket) if the runtime listens elsewhere",
+                    tried.join(", ")
+                )
             }
         }
     }

@@ -150,9 +150,7 @@ impl std::fmt::Debug for Endpoints {
 /// Binds the listener. Separate from [`serve`] so a bad address fails at
 /// start, and so tests can bind port 0 and learn the port.
 pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| HttpError::Bind { addr, source })
+    TcpListener::bind(addr).await.map_err(|source| HttpError::Bind { addr, source })
 }
 
 /// Shared by every connection.
@@ -172,18 +170,11 @@ struct Open {
 /// Serves until `shutdown` turns true (or its sender is dropped), then
 /// stops accepting and aborts the connections still open. Runs on any
 /// tokio runtime, `current_thread` included.
-pub async fn serve(
-    listener: TcpListener,
-    endpoints: Endpoints,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut shutdown: watch::Receiver<bool>) {
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, exposure = ?endpoints.exposure, "http: serving /metrics /healthz /readyz /state");
     }
-    let shared = Arc::new(Shared {
-        endpoints,
-        state_renders: Semaphore::new(MAX_STATE_RENDERS),
-    });
+    let shared = Arc::new(Shared { endpoints, state_renders: Semaphore::new(MAX_STATE_RENDERS) });
     let mut connections = JoinSet::new();
     let mut open: HashMap<tokio::task::Id, Open> = HashMap::new();
     loop {
@@ -224,11 +215,8 @@ pub async fn serve(
 /// Closes the oldest connection with no request being answered (idle
 /// keep-alive, or a head still arriving). False when every one is busy.
 fn evict_oldest_idle(open: &mut HashMap<tokio::task::Id, Open>) -> bool {
-    let oldest = open
-        .iter()
-        .filter(|(_, c)| !c.busy.load(Ordering::Acquire))
-        .min_by_key(|(_, c)| c.since)
-        .map(|(id, _)| *id);
+    let oldest =
+        open.iter().filter(|(_, c)| !c.busy.load(Ordering::Acquire)).min_by_key(|(_, c)| c.since).map(|(id, _)| *id);
     let Some(id) = oldest else { return false };
     if let Some(conn) = open.remove(&id) {
         conn.abort.abort();
@@ -251,12 +239,7 @@ async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
 
 /// One connection: HTTP/1.1 with keep-alive, under the head timeout and the
 /// connection's age limit.
-async fn connection(
-    stream: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    busy: Arc<AtomicBool>,
-) {
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, busy: Arc<AtomicBool>) {
     let service = service_fn(move |request| {
         let (shared, busy) = (Arc::clone(&shared), Arc::clone(&busy));
         async move {
@@ -311,25 +294,15 @@ fn prefers_openmetrics<'a>(accept: impl Iterator<Item = &'a str>) -> bool {
 fn is_local(peer: IpAddr) -> bool {
     match peer {
         IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => {
-            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
-        }
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback()),
     }
 }
 
 fn text(status: StatusCode, body: impl Into<String>) -> Response<Full<Bytes>> {
-    body_response(
-        status,
-        "text/plain; charset=utf-8",
-        Bytes::from(body.into()),
-    )
+    body_response(status, "text/plain; charset=utf-8", Bytes::from(body.into()))
 }
 
-fn body_response(
-    status: StatusCode,
-    content_type: &'static str,
-    body: Bytes,
-) -> Response<Full<Bytes>> {
+fn body_response(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     let headers = response.headers_mut();
@@ -338,69 +311,40 @@ fn body_response(
     response
 }
 
-async fn respond(
-    request: &Request<Incoming>,
-    peer: SocketAddr,
-    shared: &Shared,
-) -> Response<Full<Bytes>> {
+async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Response<Full<Bytes>> {
     let endpoints = &shared.endpoints;
     // Absolute-form targets are for proxies; this is not one.
     if request.uri().scheme().is_some() || request.uri().authority().is_some() {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "bad request: absolute-form target\n",
-        );
+        return text(StatusCode::BAD_REQUEST, "bad request: absolute-form target\n");
     }
     let path = request.uri().path();
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/state") {
-        return text(
-            StatusCode::NOT_FOUND,
-            "not found; try /metrics /healthz /readyz /state\n",
-        );
+        return text(StatusCode::NOT_FOUND, "not found; try /metrics /healthz /readyz /state\n");
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
-        let mut response = text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method not allowed; use GET\n",
-        );
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed; use GET\n");
+        response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
         return response;
     }
     let local = is_local(peer.ip());
     match path {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if endpoints.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
-        "/readyz" => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the first full reconcile has not finished\n",
-        ),
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready: the first full reconcile has not finished\n"),
         "/metrics" if !local && !endpoints.exposure.metrics => text(
             StatusCode::FORBIDDEN,
             "/metrics answers loopback clients only; set expose_metrics = true to serve it beyond\n",
         ),
         "/metrics" => {
-            let wants_openmetrics = prefers_openmetrics(
-                request
-                    .headers()
-                    .get_all(header::ACCEPT)
-                    .iter()
-                    .filter_map(|v| v.to_str().ok()),
-            );
+            let wants_openmetrics =
+                prefers_openmetrics(request.headers().get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok()));
             let (content_type, body) = if wants_openmetrics {
-                (
-                    OPENMETRICS_CONTENT_TYPE,
-                    endpoints.metrics.encode_openmetrics(),
-                )
+                (OPENMETRICS_CONTENT_TYPE, endpoints.metrics.encode_openmetrics())
             } else {
                 (PROMETHEUS_CONTENT_TYPE, endpoints.metrics.encode())
             };
             if body.len() > MAX_RESPONSE_BYTES {
-                return text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "metrics exposition over the response size limit\n",
-                );
+                return text(StatusCode::SERVICE_UNAVAILABLE, "metrics exposition over the response size limit\n");
             }
             body_response(StatusCode::OK, content_type, Bytes::from(body))
         }
@@ -415,20 +359,14 @@ async fn respond(
 /// Renders /state on the blocking pool, bounded in count and size.
 async fn state(shared: &Shared) -> Response<Full<Bytes>> {
     let Ok(_permit) = shared.state_renders.try_acquire() else {
-        return text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "busy rendering /state; retry\n",
-        );
+        return text(StatusCode::SERVICE_UNAVAILABLE, "busy rendering /state; retry\n");
     };
     let provider = Arc::clone(&shared.endpoints.state);
     let rendered = tokio::task::spawn_blocking(move || render_state(&provider)).await;
     match rendered {
         Ok(Ok(body)) => body_response(StatusCode::OK, "application/json", Bytes::from(body)),
         Ok(Err((status, message))) => text(status, message),
-        Err(e) => text(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("rendering the state: {e}\n"),
-        ),
+        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("rendering the state: {e}\n")),
     }
 }
 
@@ -437,15 +375,9 @@ fn render_state(provider: &StateProvider) -> Result<Vec<u8>, (StatusCode, String
     // A panicking provider is a bug in the agent, but it must cost one 500,
     // not the connection and a confusing empty reply.
     let Ok(value) = catch_unwind(AssertUnwindSafe(|| provider())) else {
-        return Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the state provider panicked\n".to_owned(),
-        ));
+        return Err((StatusCode::INTERNAL_SERVER_ERROR, "the state provider panicked\n".to_owned()));
     };
-    let mut out = BoundedWriter {
-        buf: Vec::new(),
-        limit: MAX_RESPONSE_BYTES,
-    };
+    let mut out = BoundedWriter { buf: Vec::new(), limit: MAX_RESPONSE_BYTES };
     match serde_json::to_writer(&mut out, &value) {
         Ok(()) => {
             out.buf.push(b'\n');
@@ -458,10 +390,7 @@ fn render_state(provider: &StateProvider) -> Result<Vec<u8>, (StatusCode, String
                 MAX_RESPONSE_BYTES / (1024 * 1024)
             ),
         )),
-        Err(e) => Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("encoding the state: {e}\n"),
-        )),
+        Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the state: {e}\n"))),
     }
 }
 
@@ -510,9 +439,7 @@ mod tests {
         assert!(is_local(IpAddr::V6(Ipv6Addr::LOCALHOST)));
         assert!(is_local(IpAddr::V6(Ipv4Addr::LOCALHOST.to_ipv6_mapped())));
         assert!(!is_local(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
-        assert!(!is_local(IpAddr::V6(
-            Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped()
-        )));
+        assert!(!is_local(IpAddr::V6(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped())));
     }
 
     #[test]
@@ -526,24 +453,15 @@ mod tests {
         assert!(prefers(&[
             "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
         ]));
-        assert!(!prefers(&[
-            "text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5"
-        ]));
-        assert!(
-            !prefers(&["application/openmetrics-text;q=0"]),
-            "q=0 means not acceptable"
-        );
-        assert!(
-            prefers(&["text/plain;q=0.2", "Application/OpenMetrics-Text; q=0.3"]),
-            "several headers, any case"
-        );
+        assert!(!prefers(&["text/plain;version=0.0.4;q=0.9,application/openmetrics-text;q=0.5"]));
+        assert!(!prefers(&["application/openmetrics-text;q=0"]), "q=0 means not acceptable");
+        assert!(prefers(&["text/plain;q=0.2", "Application/OpenMetrics-Text; q=0.3"]), "several headers, any case");
         assert!(!prefers(&["application/json"]), "unknown only: text");
     }
 
     #[test]
     fn an_oversized_state_is_refused_not_rendered() {
-        let huge: StateProvider =
-            Arc::new(|| serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) }));
+        let huge: StateProvider = Arc::new(|| serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) }));
         let refused = render_state(&huge).expect_err("over the limit");
         assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE);
         let small: StateProvider = Arc::new(|| serde_json::json!({ "ok": true }));

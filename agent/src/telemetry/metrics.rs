@@ -231,7 +231,10 @@ impl Metrics {
 
     /// How stale a Kubernetes API view is (`source`: pods, ippools).
     pub fn set_kube_staleness(&self, source: &str, staleness: Duration) {
-        self.inner.api_staleness.get_or_create(&SourceLabels { source: source.to_owned() }).set(staleness.as_secs_f64());
+        self.inner
+            .api_staleness
+            .get_or_create(&SourceLabels { source: source.to_owned() })
+            .set(staleness.as_secs_f64());
     }
 
     /// The number of network namespaces currently alive.

@@ -69,7 +69,12 @@ pub const PAUSE_IMAGE: &str = "nrc.local/pause:1";
 
 fn run(cmd: &mut Command, what: &str) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
-    assert!(out.status.success(), "{what}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 pub struct Containerd {
@@ -174,18 +179,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         );
         std::fs::write(d.join("config.toml"), config).expect("containerd config");
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio");
-        let mut me = Self {
-            dir,
-            socket,
-            network,
-            bridge,
-            data_dir,
-            cache_dir,
-            state_dir,
-            child: None,
-            rt,
-            client: None,
-        };
+        let mut me =
+            Self { dir, socket, network, bridge, data_dir, cache_dir, state_dir, child: None, rt, client: None };
         me.spawn();
         me.import_pause_image();
         me
@@ -229,10 +224,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         std::fs::create_dir_all(d.join("layer")).expect("mkdir");
         std::fs::write(d.join("pause.c"), PAUSE_C).expect("pause.c");
         run(
-            Command::new("/usr/bin/gcc").args(["-static", "-Os", "-o"]).arg(d.join("layer/pause")).arg(d.join("pause.c")),
+            Command::new("/usr/bin/gcc")
+                .args(["-static", "-Os", "-o"])
+                .arg(d.join("layer/pause"))
+                .arg(d.join("pause.c")),
             "build the static pause binary",
         );
-        run(Command::new("tar").arg("-C").arg(d.join("layer")).arg("-cf").arg(d.join("layer.tar")).arg("pause"), "tar layer");
+        run(
+            Command::new("tar").arg("-C").arg(d.join("layer")).arg("-cf").arg(d.join("layer.tar")).arg("pause"),
+            "tar layer",
+        );
         let out = Command::new("sha256sum").arg(d.join("layer.tar")).output().expect("sha256sum");
         let sha = String::from_utf8_lossy(&out.stdout).split_whitespace().next().expect("digest").to_owned();
         let config = json!({
@@ -244,12 +245,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let manifest = json!([{ "Config": "config.json", "RepoTags": [PAUSE_IMAGE], "Layers": ["layer.tar"] }]);
         std::fs::write(d.join("manifest.json"), manifest.to_string()).expect("manifest");
         run(
-            Command::new("tar")
-                .arg("-cf")
-                .arg(d.join("image.tar"))
-                .arg("-C")
-                .arg(&d)
-                .args(["manifest.json", "config.json", "layer.tar"]),
+            Command::new("tar").arg("-cf").arg(d.join("image.tar")).arg("-C").arg(&d).args([
+                "manifest.json",
+                "config.json",
+                "layer.tar",
+            ]),
             "tar image",
         );
         run(
@@ -275,7 +275,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let config = self.pod_config(name);
         let mut rpc = self.client().rpc();
         let response = self
-            .block_on(rpc.run_pod_sandbox(api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() }))
+            .block_on(
+                rpc.run_pod_sandbox(api::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() }),
+            )
             .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}; containerd log:\n{}", self.log()));
         Sandbox { id: response.into_inner().pod_sandbox_id, name: name.to_owned(), namespace: "nrc".to_owned() }
     }
@@ -304,7 +306,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     pub fn remove_pod(&self, id: &str) -> Result<(), tonic::Status> {
         let mut rpc = self.client().rpc();
-        self.block_on(rpc.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id.to_owned() })).map(|_| ())
+        self.block_on(rpc.remove_pod_sandbox(api::RemovePodSandboxRequest { pod_sandbox_id: id.to_owned() }))
+            .map(|_| ())
     }
 
     /// The verbose status `info` map (what netreap parses).

@@ -24,14 +24,8 @@ pub const WB_NAMESPACE: &str = "kube-system";
 pub const IPPOOLS: &str = "/apis/whereabouts.cni.cncf.io/v1alpha1";
 
 pub fn python_present() -> bool {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    ok || super::skip(
-        "python3 is needed for the stand-in API server (cargo xtask test installs it)",
-    )
+    let ok = Command::new("python3").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success());
+    ok || super::skip("python3 is needed for the stand-in API server (cargo xtask test installs it)")
 }
 
 /// The stand-in API server, a child process.
@@ -54,20 +48,14 @@ impl ApiServer {
             .expect("python3 runs the stand-in API server");
         let mut port = None;
         wait_until(Duration::from_secs(10), || {
-            port = std::fs::read_to_string(&port_file)
-                .ok()
-                .and_then(|p| p.trim().parse::<u16>().ok());
+            port = std::fs::read_to_string(&port_file).ok().and_then(|p| p.trim().parse::<u16>().ok());
             port.is_some()
         });
         let port = port.expect("the stand-in API server wrote its port");
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let kubeconfig = dir.join(format!("kubeconfig-{port}"));
         std::fs::write(&kubeconfig, kubeconfig_for(addr)).expect("write kubeconfig");
-        Self {
-            child: Some(child),
-            addr,
-            kubeconfig,
-        }
+        Self { child: Some(child), addr, kubeconfig }
     }
 
     /// Kills it (the API going away).
@@ -79,15 +67,8 @@ impl ApiServer {
     }
 
     /// One request; returns the status and the JSON body.
-    pub fn request(
-        &self,
-        method: &str,
-        path: &str,
-        content_type: &str,
-        body: Option<&Value>,
-    ) -> (u16, Value) {
-        request(self.addr, method, path, content_type, body)
-            .unwrap_or_else(|| panic!("{method} {path}: no answer"))
+    pub fn request(&self, method: &str, path: &str, content_type: &str, body: Option<&Value>) -> (u16, Value) {
+        request(self.addr, method, path, content_type, body).unwrap_or_else(|| panic!("{method} {path}: no answer"))
     }
 
     pub fn get(&self, path: &str) -> Value {
@@ -109,10 +90,7 @@ impl ApiServer {
 
     /// Every request the server answered.
     pub fn log(&self) -> Vec<Value> {
-        self.get("/_control/log")
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        self.get("/_control/log").as_array().cloned().unwrap_or_default()
     }
 
     /// Before the next `method` on `path`, another writer applies `ops`.
@@ -204,10 +182,7 @@ fn request(
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let text = buf
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+    let text = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     Some((code, serde_json::from_str(&text).unwrap_or(Value::Null)))
 }
 
@@ -260,20 +235,12 @@ impl WbPlugin {
     pub fn install(dir: &Path) -> Self {
         let path = dir.join("whereabouts");
         std::fs::write(&path, WB_PLUGIN).expect("write plugin");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
-            .expect("chmod plugin");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod plugin");
         Self { path }
     }
 
     /// CNI ADD for `sandbox`, naming pod `namespace/name`; returns the IP.
-    pub fn add(
-        &self,
-        api: &ApiServer,
-        pool: &str,
-        sandbox: &Sandbox,
-        namespace: &str,
-        name: &str,
-    ) -> String {
+    pub fn add(&self, api: &ApiServer, pool: &str, sandbox: &Sandbox, namespace: &str, name: &str) -> String {
         self.add_with(api, pool, sandbox, namespace, name, true)
     }
 
@@ -297,27 +264,15 @@ impl WbPlugin {
             .env("CNI_CONTAINERID", &sandbox.container_id)
             .env("CNI_NETNS", &sandbox.path)
             .env("CNI_IFNAME", "eth0")
-            .env(
-                "CNI_ARGS",
-                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"),
-            )
+            .env("CNI_ARGS", format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"))
             .env("CNI_PATH", "/usr/lib/cni")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .expect("run the stand-in whereabouts plugin");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(conf.to_string().as_bytes())
-            .expect("config to plugin");
+        child.stdin.take().expect("stdin").write_all(conf.to_string().as_bytes()).expect("config to plugin");
         let out = child.wait_with_output().expect("plugin output");
-        assert!(
-            out.status.success(),
-            "plugin ADD failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        assert!(out.status.success(), "plugin ADD failed: {}", String::from_utf8_lossy(&out.stdout));
         let result: Value = serde_json::from_slice(&out.stdout).expect("CNI result");
         let cidr = result["ips"][0]["address"].as_str().expect("an address");
         cidr.split('/').next().unwrap_or_default().to_owned()
@@ -326,12 +281,7 @@ impl WbPlugin {
 
 fn ip(args: &[&str]) {
     let out = Command::new("ip").args(args).output().expect("ip runs");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
 }
 
 /// A pod sandbox: a named netns (prefix nrK) and a container ID.
@@ -347,12 +297,7 @@ impl Sandbox {
         let name = unique(PREFIX);
         ip(&["netns", "add", &name]);
         let container_id = format!("{:0<64}", format!("{}c", unique("")));
-        Self {
-            path: PathBuf::from(format!("/var/run/netns/{name}")),
-            name,
-            container_id,
-            deleted: false,
-        }
+        Self { path: PathBuf::from(format!("/var/run/netns/{name}")), name, container_id, deleted: false }
     }
 
     /// A veth into the netns with `address` on it (what the main plugin
@@ -360,18 +305,8 @@ impl Sandbox {
     pub fn configure(&self, address: &str) {
         let host = format!("{PREFIX}h{}", &self.name[PREFIX.len()..]);
         let host: String = host.chars().take(15).collect();
-        ip(&[
-            "link", "add", &host, "type", "veth", "peer", "name", "eth0", "netns", &self.name,
-        ]);
-        ip(&[
-            "-n",
-            &self.name,
-            "addr",
-            "add",
-            &format!("{address}/24"),
-            "dev",
-            "eth0",
-        ]);
+        ip(&["link", "add", &host, "type", "veth", "peer", "name", "eth0", "netns", &self.name]);
+        ip(&["-n", &self.name, "addr", "add", &format!("{address}/24"), "dev", "eth0"]);
         ip(&["-n", &self.name, "link", "set", "eth0", "up"]);
     }
 
@@ -385,9 +320,7 @@ impl Sandbox {
 impl Drop for Sandbox {
     fn drop(&mut self) {
         if !self.deleted {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &self.name])
-                .status();
+            let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
         }
     }
 }

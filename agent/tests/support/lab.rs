@@ -89,7 +89,8 @@ impl Lab {
         for d in [&data_dir, &cache_dir, &state_dir] {
             std::fs::create_dir_all(d).expect("lab dir");
         }
-        let runtime = Runtime { plugin_dirs: vec![plugins, PathBuf::from(DEBIAN_PLUGINS)], cache_dir: Some(cache_dir.clone()) };
+        let runtime =
+            Runtime { plugin_dirs: vec![plugins, PathBuf::from(DEBIAN_PLUGINS)], cache_dir: Some(cache_dir.clone()) };
         Self { dir, bridge, subnet: subnet.to_owned(), runtime, data_dir, cache_dir, state_dir }
     }
 
@@ -160,7 +161,12 @@ impl Lab {
     pub fn pod(&self) -> Pod {
         let name = unique("nrpod");
         assert!(ip(&["netns", "add", &name]), "create netns {name}");
-        Pod { container_id: format!("{}{}", unique("ctr"), "0".repeat(40)), path: PathBuf::from(format!("/var/run/netns/{name}")), name, deleted: false }
+        Pod {
+            container_id: format!("{}{}", unique("ctr"), "0".repeat(40)),
+            path: PathBuf::from(format!("/var/run/netns/{name}")),
+            name,
+            deleted: false,
+        }
     }
 
     pub fn add(&self, net: &Network, pod: &Pod) -> Result<Value, CniError> {

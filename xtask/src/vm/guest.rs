@@ -117,7 +117,11 @@ fn probes_report(netreap: &Path) -> (StepOutcome, Vec<String>) {
             } else if scan != "bpf_loop" && scan != "tail_calls" {
                 StepOutcome::check(label, false, format!("no CNI environment scan named (got {scan:?})"))
             } else {
-                StepOutcome::check(label, true, format!("{active}/{} probes active, environment scan {scan}", rows.len()))
+                StepOutcome::check(
+                    label,
+                    true,
+                    format!("{active}/{} probes active, environment scan {scan}", rows.len()),
+                )
             }
         }
         Ok(Some(s)) => StepOutcome::check(label, false, format!("{s}, {} probe rows", rows.len())),

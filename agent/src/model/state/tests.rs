@@ -30,16 +30,7 @@ fn requests(actions: &[Action]) -> Vec<(u16, u32, Vec<u8>)> {
 }
 
 fn deaths(actions: &[Action]) -> Vec<NetnsDeath> {
-    actions
-        .iter()
-        .filter_map(|a| {
-            if let Action::Death(d) = a {
-                Some(d.clone())
-            } else {
-                None
-            }
-        })
-        .collect()
+    actions.iter().filter_map(|a| if let Action::Death(d) = a { Some(d.clone()) } else { None }).collect()
 }
 
 fn link(ifindex: u32, name: &str, peer: Option<(u32, Option<i32>)>) -> Link {
@@ -57,22 +48,12 @@ fn link(ifindex: u32, name: &str, peer: Option<(u32, Option<i32>)>) -> Link {
 }
 
 fn addr(ifindex: u32, ip: &str, prefix_len: u8) -> Address {
-    Address {
-        ifindex,
-        prefix_len,
-        scope: 0,
-        ip: ip.parse().unwrap(),
-        label: None,
-        target_nsid: None,
-    }
+    Address { ifindex, prefix_len, scope: 0, ip: ip.parse().unwrap(), label: None, target_nsid: None }
 }
 
 /// Answers every dump the model asks for with `parts`, until it asks for
 /// no more; other actions are returned.
-fn answer_dumps(
-    m: &mut Model,
-    parts: impl FnMut(u16, Option<i32>, u32) -> Vec<Vec<u8>>,
-) -> Vec<Action> {
+fn answer_dumps(m: &mut Model, parts: impl FnMut(u16, Option<i32>, u32) -> Vec<Vec<u8>>) -> Vec<Action> {
     answer_dumps_without(m, &[], parts)
 }
 
@@ -90,23 +71,15 @@ fn answer_dumps_without(
             return kept;
         }
         for action in actions {
-            let Action::Send {
-                request,
-                dump_seq: Some(seq),
-            } = &action
-            else {
+            let Action::Send { request, dump_seq: Some(seq) } = &action else {
                 kept.push(action);
                 continue;
             };
             let (h, payload) = wire::messages(request).next().unwrap().unwrap();
             // The target nsid, when the dump names one.
             let target = match h.kind {
-                RTM_GETLINK if payload.len() > 16 => {
-                    Some(i32::from_ne_bytes(payload[20..24].try_into().unwrap()))
-                }
-                RTM_GETADDR if payload.len() > 8 => {
-                    Some(i32::from_ne_bytes(payload[12..16].try_into().unwrap()))
-                }
+                RTM_GETLINK if payload.len() > 16 => Some(i32::from_ne_bytes(payload[20..24].try_into().unwrap())),
+                RTM_GETADDR if payload.len() > 8 => Some(i32::from_ne_bytes(payload[12..16].try_into().unwrap())),
                 _ => None,
             };
             if target.is_some_and(|t| gone.contains(&t)) {
@@ -125,10 +98,7 @@ fn answer_dumps_without(
 fn open(m: &mut Model, inode: NetnsInode, nsid: i32) {
     m.netns_opened(inode, 99, T0);
     let actions = m.take_actions();
-    let get = requests(&actions)
-        .into_iter()
-        .find(|r| r.0 == RTM_GETNSID)
-        .expect("a GETNSID");
+    let get = requests(&actions).into_iter().find(|r| r.0 == RTM_GETNSID).expect("a GETNSID");
     for (kind, seq, _) in requests(&actions) {
         if kind == RTM_NEWNSID {
             m.datagram(None, &fake::error(seq, libc::EEXIST), T0);
@@ -141,27 +111,21 @@ fn open(m: &mut Model, inode: NetnsInode, nsid: i32) {
 fn synced(inode: NetnsInode, nsid: i32) -> Model {
     let mut m = model();
     m.start_resync(false);
-    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
-        panic!("no scan")
-    };
+    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
     open(&mut m, inode, nsid);
     m.scan_done(generation, Scope::Full, BTreeMap::new());
-    answer_dumps(&mut m, |kind, _, seq| {
-        if kind == RTM_GETNSID {
-            vec![fake::nsid(RTM_NEWNSID, seq, nsid)]
-        } else {
-            vec![]
-        }
-    });
+    answer_dumps(
+        &mut m,
+        |kind, _, seq| {
+            if kind == RTM_GETNSID { vec![fake::nsid(RTM_NEWNSID, seq, nsid)] } else { vec![] }
+        },
+    );
     assert!(m.is_ready());
     m
 }
 
 fn live(m: &Model, inode: NetnsInode) -> NetnsView {
-    m.snapshot(T0)
-        .live_by_inode(inode)
-        .cloned()
-        .unwrap_or_else(|| panic!("netns {inode} not alive"))
+    m.snapshot(T0).live_by_inode(inode).cloned().unwrap_or_else(|| panic!("netns {inode} not alive"))
 }
 
 #[test]
@@ -169,10 +133,7 @@ fn an_nsid_reply_binds_the_inode_and_dumps_its_netns() {
     let mut m = model();
     m.netns_opened(100, 5, T0);
     let sent = requests(&m.take_actions());
-    assert_eq!(
-        sent.iter().map(|r| r.0).collect::<Vec<_>>(),
-        vec![RTM_NEWNSID, RTM_GETNSID]
-    );
+    assert_eq!(sent.iter().map(|r| r.0).collect::<Vec<_>>(), vec![RTM_NEWNSID, RTM_GETNSID]);
     m.datagram(None, &fake::nsid(RTM_NEWNSID, sent[1].1, 7), T0);
     let v = live(&m, 100);
     assert_eq!(v.nsid, Some(7));
@@ -196,54 +157,23 @@ fn our_own_assignment_notice_binds_before_the_reply() {
 #[test]
 fn delnsid_reports_the_death_with_its_addresses_and_a_reused_inode_is_a_new_netns() {
     let mut m = synced(100, 7);
-    m.datagram(
-        Some(7),
-        &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", None)),
-        T0,
-    );
-    m.datagram(
-        Some(7),
-        &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)),
-        T0,
-    );
-    m.datagram(
-        Some(7),
-        &fake::address(
-            RTM_NEWADDR,
-            0,
-            &Address {
-                scope: 253,
-                ..addr(2, "fe80::1", 64)
-            },
-        ),
-        T0,
-    );
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", None)), T0);
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)), T0);
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &Address { scope: 253, ..addr(2, "fe80::1", 64) }), T0);
     m.take_actions();
 
     let later = T0 + Duration::from_secs(3);
     m.datagram(None, &fake::nsid(RTM_DELNSID, 0, 7), later);
     let d = deaths(&m.take_actions());
     assert_eq!(d.len(), 1);
-    assert_eq!(
-        (d[0].inode, d[0].nsid, d[0].source, d[0].at),
-        (Some(100), Some(7), DeathSource::RtmDelnsid, later)
-    );
-    assert_eq!(
-        d[0].addresses
-            .iter()
-            .map(|a| a.ip.to_string())
-            .collect::<Vec<_>>(),
-        vec!["10.1.0.5"]
-    );
+    assert_eq!((d[0].inode, d[0].nsid, d[0].source, d[0].at), (Some(100), Some(7), DeathSource::RtmDelnsid, later));
+    assert_eq!(d[0].addresses.iter().map(|a| a.ip.to_string()).collect::<Vec<_>>(), vec!["10.1.0.5"]);
 
     // The kernel reuses both the inode and the nsid for a new netns.
     open(&mut m, 100, 7);
     let s = m.snapshot(later);
     let new = s.live_by_inode(100).expect("new netns alive");
-    assert!(
-        new.addresses.is_empty(),
-        "the dead one's addresses leaked into the new one"
-    );
+    assert!(new.addresses.is_empty(), "the dead one's addresses leaked into the new one");
     let dead: Vec<_> = s.netns.iter().filter(|n| !n.alive).collect();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].addresses.len(), 2);
@@ -265,17 +195,9 @@ fn messages_carrying_the_hosts_own_nsid_are_the_hosts() {
     m.query_host_nsid(3, T0);
     let sent = requests(&m.take_actions());
     m.datagram(None, &fake::nsid(RTM_NEWNSID, sent[1].1, 9), T0);
-    m.datagram(
-        Some(9),
-        &fake::address(RTM_NEWADDR, 0, &addr(4, "192.0.2.1", 24)),
-        T0,
-    );
+    m.datagram(Some(9), &fake::address(RTM_NEWADDR, 0, &addr(4, "192.0.2.1", 24)), T0);
     let s = m.snapshot(T0);
-    assert_eq!(
-        s.netns.len(),
-        1,
-        "no netns invented for the host's own nsid"
-    );
+    assert_eq!(s.netns.len(), 1, "no netns invented for the host's own nsid");
     assert_eq!(s.netns[0].nsid, Some(9));
     assert_eq!(s.netns[0].addresses.len(), 1);
 }
@@ -283,30 +205,17 @@ fn messages_carrying_the_hosts_own_nsid_are_the_hosts() {
 #[test]
 fn a_resync_finds_lost_deaths_and_missed_changes_and_counts_them() {
     let mut m = synced(100, 7);
-    m.datagram(
-        Some(7),
-        &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)),
-        T0,
-    );
-    m.datagram(
-        Some(7),
-        &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.6", 24)),
-        T0,
-    );
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)), T0);
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.6", 24)), T0);
     m.take_actions();
     // Netns 101 appeared and 100 lost an address with no event (overrun).
     m.overrun();
-    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
-        panic!("no scan")
-    };
+    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
     open(&mut m, 100, 7);
     open(&mut m, 101, 8);
     m.scan_done(generation, Scope::Full, BTreeMap::new());
     answer_dumps(&mut m, |kind, target, seq| match (kind, target) {
-        (RTM_GETNSID, _) => vec![
-            fake::nsid(RTM_NEWNSID, seq, 7),
-            fake::nsid(RTM_NEWNSID, seq, 8),
-        ],
+        (RTM_GETNSID, _) => vec![fake::nsid(RTM_NEWNSID, seq, 7), fake::nsid(RTM_NEWNSID, seq, 8)],
         (RTM_GETADDR, Some(7)) => vec![fake::address(RTM_NEWADDR, seq, &addr(2, "10.1.0.5", 24))],
         _ => vec![],
     });
@@ -319,16 +228,10 @@ fn a_resync_finds_lost_deaths_and_missed_changes_and_counts_them() {
 
     // Then 101 dies and its RTM_DELNSID is lost.
     m.start_resync(true);
-    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
-        panic!("no scan")
-    };
+    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
     m.scan_done(generation, Scope::Full, BTreeMap::new());
     let rest = answer_dumps_without(&mut m, &[8], |kind, _, seq| {
-        if kind == RTM_GETNSID {
-            vec![fake::nsid(RTM_NEWNSID, seq, 7)]
-        } else {
-            vec![]
-        }
+        if kind == RTM_GETNSID { vec![fake::nsid(RTM_NEWNSID, seq, 7)] } else { vec![] }
     });
     let d = deaths(&rest);
     assert_eq!(d.len(), 1);
@@ -341,9 +244,7 @@ fn a_resync_finds_lost_deaths_and_missed_changes_and_counts_them() {
 fn a_netns_born_during_the_nsid_dump_is_not_swept() {
     let mut m = synced(100, 7);
     m.start_resync(true);
-    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
-        panic!("no scan")
-    };
+    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
     m.scan_done(generation, Scope::Full, BTreeMap::new());
     let (_, seq, _) = requests(&m.take_actions()).pop().expect("nsid dump");
     m.datagram(None, &fake::nsid(RTM_NEWNSID, seq, 7), T0);
@@ -358,17 +259,9 @@ fn a_netns_born_during_the_nsid_dump_is_not_swept() {
 fn veth_peers_and_host_routes_resolve_across_namespaces() {
     let mut m = synced(100, 7);
     // Host side, in the host's frame: peer ifindex 2 in nsid 7.
-    m.datagram(
-        None,
-        &fake::link(RTM_NEWLINK, 0, &link(10, "veth-host", Some((2, Some(7))))),
-        T0,
-    );
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-host", Some((2, Some(7))))), T0);
     // Pod side, from inside the pod: its link-netnsid is in its own frame.
-    m.datagram(
-        Some(7),
-        &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))),
-        T0,
-    );
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), T0);
     let route = Route {
         family: AF_INET,
         dst_len: 32,
@@ -387,40 +280,20 @@ fn veth_peers_and_host_routes_resolve_across_namespaces() {
     let peer = eth0.link.as_ref().unwrap();
     assert_eq!(peer.ifname.as_deref(), Some("veth-host"));
     assert!(peer.netns.unwrap().host);
-    let host_veth = s.netns[0]
-        .interfaces
-        .iter()
-        .find(|i| i.ifindex == 10)
-        .unwrap();
-    assert_eq!(
-        host_veth.link.as_ref().unwrap().netns.unwrap().inode,
-        Some(100)
-    );
+    let host_veth = s.netns[0].interfaces.iter().find(|i| i.ifindex == 10).unwrap();
+    assert_eq!(host_veth.link.as_ref().unwrap().netns.unwrap().inode, Some(100));
     assert_eq!(pod.host_routes, vec!["10.1.0.5".parse::<IpAddr>().unwrap()]);
     assert_eq!(s.host_routes[0].netns.unwrap().inode, Some(100));
     // The pod-side event asked for a dump to place its peer in our frame.
     let dumps = requests(&m.take_actions());
     assert!(dumps.iter().any(|d| d.0 == RTM_GETLINK), "{dumps:?}");
 
-    m.datagram(
-        None,
-        &fake::link(RTM_DELLINK, 0, &link(10, "veth-host", None)),
-        T0,
-    );
-    assert!(
-        m.snapshot(T0).host_routes.is_empty(),
-        "routes through a deleted link go with it"
-    );
+    m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(10, "veth-host", None)), T0);
+    assert!(m.snapshot(T0).host_routes.is_empty(), "routes through a deleted link go with it");
 }
 
 fn task(comm: &str) -> Task {
-    Task {
-        ktime_ns: 1,
-        pid: 42,
-        tgid: 41,
-        comm: comm.into(),
-        cgroup_id: 5,
-    }
+    Task { ktime_ns: 1, pid: 42, tgid: 41, comm: comm.into(), cgroup_id: 5 }
 }
 
 #[test]
@@ -434,36 +307,13 @@ fn probes_name_the_creator_ask_for_discovery_and_report_put_net() {
     };
     m.kernel_event(&entered, T0);
     m.kernel_event(&entered, T0);
-    let jobs: Vec<_> = m
-        .take_actions()
-        .into_iter()
-        .filter(|a| matches!(a, Action::Job(_)))
-        .collect();
-    assert!(
-        matches!(
-            jobs.as_slice(),
-            [Action::Job(Job::Resolve {
-                inode: 200,
-                tgid: 41,
-                tid: 42
-            })]
-        ),
-        "{jobs:?}"
-    );
+    let jobs: Vec<_> = m.take_actions().into_iter().filter(|a| matches!(a, Action::Job(_))).collect();
+    assert!(matches!(jobs.as_slice(), [Action::Job(Job::Resolve { inode: 200, tgid: 41, tid: 42 })]), "{jobs:?}");
     open(&mut m, 200, 8);
     let creator = live(&m, 200).creator.expect("creator");
-    assert_eq!(
-        (creator.comm.as_str(), creator.pid, creator.via),
-        ("runc", 41, NetnsVia::Unshare)
-    );
+    assert_eq!((creator.comm.as_str(), creator.pid, creator.via), ("runc", 41, NetnsVia::Unshare));
 
-    m.kernel_event(
-        &KernelEvent::NetnsFreed {
-            task: task("kworker"),
-            netns_inode: 200,
-        },
-        T0,
-    );
+    m.kernel_event(&KernelEvent::NetnsFreed { task: task("kworker"), netns_inode: 200 }, T0);
     let d = deaths(&m.take_actions());
     assert_eq!((d[0].inode, d[0].source), (Some(200), DeathSource::PutNet));
     // The RTM_DELNSID that follows changes nothing.
@@ -479,27 +329,13 @@ fn dump_parts_for_a_netns_that_died_mid_dump_are_dropped() {
     m.datagram(None, &fake::nsid(RTM_NEWNSID, sent[1].1, 7), T0);
     let (_, seq, _) = requests(&m.take_actions()).pop().expect("link dump");
     m.datagram(None, &fake::nsid(RTM_DELNSID, 0, 7), T0);
-    m.datagram(
-        None,
-        &fake::link(
-            RTM_NEWLINK,
-            seq,
-            &Link {
-                target_nsid: Some(7),
-                ..link(3, "other", None)
-            },
-        ),
-        T0,
-    );
+    m.datagram(None, &fake::link(RTM_NEWLINK, seq, &Link { target_nsid: Some(7), ..link(3, "other", None) }), T0);
     m.datagram(None, &fake::done(seq), T0);
     let s = m.snapshot(T0);
     let dead = s.netns.iter().find(|n| !n.alive).unwrap();
     assert!(dead.interfaces.is_empty());
     // The queue moved on to the next dump.
-    assert!(
-        requests(&m.take_actions()).is_empty(),
-        "no dump for a dead netns"
-    );
+    assert!(requests(&m.take_actions()).is_empty(), "no dump for a dead netns");
 }
 
 #[test]
@@ -515,11 +351,7 @@ fn dead_netns_are_forgotten_after_the_retention() {
 #[test]
 fn garbage_datagrams_are_counted_not_fatal() {
     let mut m = synced(100, 7);
-    m.datagram(
-        Some(7),
-        &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17],
-        T0,
-    );
+    m.datagram(Some(7), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], T0);
     let mut bad = fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24));
     bad[0..4].copy_from_slice(&20u32.to_ne_bytes());
     m.datagram(Some(7), &bad, T0);
@@ -549,18 +381,16 @@ fn absence_from_an_nsid_dump_is_not_death() {
     answer_dumps(&mut m, |_, _, _| vec![]);
     for _ in 0..3 {
         m.start_resync(true);
-        let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
-            panic!("no scan")
-        };
+        let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
         m.scan_done(generation, Scope::Full, BTreeMap::new());
         // The dump lists only nsid 7; 8 still answers its own dumps.
-        let rest = answer_dumps(&mut m, |kind, _, seq| {
-            if kind == RTM_GETNSID {
-                vec![fake::nsid(RTM_NEWNSID, seq, 7)]
-            } else {
-                vec![]
-            }
-        });
+        let rest =
+            answer_dumps(
+                &mut m,
+                |kind, _, seq| {
+                    if kind == RTM_GETNSID { vec![fake::nsid(RTM_NEWNSID, seq, 7)] } else { vec![] }
+                },
+            );
         assert!(deaths(&rest).is_empty(), "{:?}", deaths(&rest));
     }
     assert_eq!(live(&m, 101).nsid, Some(8));
@@ -573,9 +403,7 @@ fn absence_from_an_nsid_dump_is_not_death() {
 fn a_refused_targeted_dump_kills_nothing_until_targeted_dumps_are_known_to_work() {
     let mut m = model();
     m.start_resync(false);
-    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else {
-        panic!("no scan")
-    };
+    let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
     open(&mut m, 100, 7);
     m.scan_done(generation, Scope::Full, BTreeMap::new());
     let rest = answer_dumps_without(&mut m, &[7], |kind, _, seq| {
