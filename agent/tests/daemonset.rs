@@ -22,6 +22,7 @@
 //!
 //! Needs the image: run through `cargo xtask daemonset-test` (which builds
 //! it with `cargo xtask image`), hence `#[ignore]` under a plain test run.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
 use netreap_testkit as support;
 
