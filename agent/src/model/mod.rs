@@ -16,7 +16,7 @@ mod worker;
 
 pub use snapshot::{
     AddrScope, AddressView, Corrections, Creator, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot,
-    ModelStats, NetnsDeath, NetnsInode, NetnsRef, NetnsView,
+    ModelStats, NetnsDeath, NetnsInode, NetnsView, PeerNetns,
 };
 pub use state::{Model, ModelConfig};
 pub use watcher::{ModelHandle, Watcher, WatcherConfig, WatcherError};

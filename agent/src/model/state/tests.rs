@@ -1,10 +1,14 @@
 //! Unit tests of the model state machine, with fabricated kernel messages.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    net::IpAddr,
+    time::{Duration, SystemTime},
+};
 
 use super::*;
 use crate::{
     kernel::events::Task,
+    model::snapshot::NetnsView,
     netlink::wire::{Address, Link, Route, consts::*, fake},
 };
 

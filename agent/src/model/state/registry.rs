@@ -1,0 +1,672 @@
+//! The netns registry: every network namespace the kernel has shown the
+//! model (the agent's own and one record per other netns), with its links,
+//! addresses and host routes, and what discovery saw of it. It creates,
+//! binds and removes records and applies what netlink says about them; it
+//! never decides that a netns died (the router does, on the kernel's word)
+//! nor when to ask the kernel anything.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    net::IpAddr,
+    path::PathBuf,
+    time::{Duration, SystemTime},
+};
+
+use tracing::debug;
+
+use super::{
+    super::snapshot::{Corrections, Creator, DeathSource, NetnsInode},
+    age,
+};
+use crate::{
+    discovery::{Scope, Sighting},
+    netlink::wire::{Address, Link, Message, Route, consts},
+};
+
+pub(super) type RecordId = u64;
+
+/// A netns in the registry: the agent's own, or the record of another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum NetnsKey {
+    Host,
+    Record(RecordId),
+}
+
+/// Who sent a notification, in the registry's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Origin {
+    Host,
+    Record(RecordId),
+    /// An nsid no record holds yet.
+    Unknown(i32),
+}
+
+/// The kernel tables the model mirrors; a dump lists one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Table {
+    Links,
+    Addresses,
+    Routes,
+    Nsids,
+}
+
+/// One entry the kernel showed, in a dump or a notification: what a dump's
+/// mark-and-sweep marks as still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Entry {
+    Link(u32),
+    Addr(AddrKey),
+    Route(RouteKey),
+    Nsid(i32),
+}
+
+impl Entry {
+    pub(super) fn table(self) -> Table {
+        match self {
+            Self::Link(_) => Table::Links,
+            Self::Addr(_) => Table::Addresses,
+            Self::Route(_) => Table::Routes,
+            Self::Nsid(_) => Table::Nsids,
+        }
+    }
+}
+
+/// Where a link's `IFLA_LINK` points, in the agent's frame of reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LinkNetns {
+    Same,
+    /// nsid as the agent's netns numbers it.
+    Nsid(i32),
+    /// Only an event from inside the netns said so, in that netns's own
+    /// numbering (or not at all): a dump will tell.
+    Unverified,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LinkState {
+    pub(super) name: Option<String>,
+    pub(super) kind: Option<String>,
+    pub(super) flags: u32,
+    pub(super) mac: Option<Vec<u8>>,
+    pub(super) link: Option<u32>,
+    pub(super) link_netns: LinkNetns,
+    pub(super) master: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct AddrKey {
+    pub(super) ifindex: u32,
+    pub(super) ip: IpAddr,
+    pub(super) prefix_len: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct RouteKey {
+    pub(super) dst: IpAddr,
+    pub(super) dst_len: u8,
+    pub(super) table: u32,
+    pub(super) priority: u32,
+    pub(super) oif: u32,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Netns {
+    pub(super) inode: Option<NetnsInode>,
+    pub(super) nsid: Option<i32>,
+    pub(super) first_seen: SystemTime,
+    /// Last time the kernel showed it alive (an event from it, a dump part
+    /// about it, an nsid reply): the earliest it can have died.
+    pub(super) last_alive: SystemTime,
+    /// Registry epoch at creation: a sweep only judges records older than it.
+    pub(super) born: u64,
+    pub(super) creator: Option<Creator>,
+    /// Where it was last seen bind-mounted: `ip netns del` unmounts before
+    /// the netns dies, and a death notice should still name the path a CNI
+    /// runtime knew it by.
+    pub(super) last_mounts: Vec<PathBuf>,
+    pub(super) links: BTreeMap<u32, LinkState>,
+    /// Address -> `ifa_scope`.
+    pub(super) addresses: BTreeMap<AddrKey, u8>,
+    /// Host route -> `rtm_protocol` (the agent's own netns only).
+    pub(super) routes: BTreeMap<RouteKey, u8>,
+}
+
+impl Netns {
+    fn new(inode: Option<NetnsInode>, nsid: Option<i32>, now: SystemTime, born: u64) -> Self {
+        Self {
+            inode,
+            nsid,
+            first_seen: now,
+            last_alive: now,
+            born,
+            creator: None,
+            last_mounts: Vec::new(),
+            links: BTreeMap::new(),
+            addresses: BTreeMap::new(),
+            routes: BTreeMap::new(),
+        }
+    }
+}
+
+/// What binding an inode to an nsid takes, decided before anything
+/// changes: records it supersedes die first (their death notices describe
+/// them as they were), then the binding is applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum BindPlan {
+    /// The record already has this inode and nsid.
+    Known(RecordId),
+    /// A record known only by this nsid gets the inode; `superseded`
+    /// held the inode before (an older netns whose inode was reused).
+    Attach { record: RecordId, superseded: Option<RecordId> },
+    /// A new record, after the records that held the nsid or the inode
+    /// die. `nsid_was_free`: no record held the nsid (a netns no event
+    /// had announced).
+    Create { superseded: Vec<RecordId>, nsid_was_free: bool },
+}
+
+/// What a notification changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Applied {
+    /// The entry it showed present.
+    pub(super) shown: Option<Entry>,
+    /// Its netns should be dumped to learn where a link's peer lives.
+    pub(super) needs_link_dump: bool,
+}
+
+/// The registry's counters, for the model's statistics.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RegistryCounts {
+    pub(super) deaths: u64,
+    pub(super) nsids_assigned: u64,
+    pub(super) corrections: Corrections,
+}
+
+/// Every netns the model knows alive, by record id, nsid and inode.
+pub(super) struct Registry {
+    host: Netns,
+    live: HashMap<RecordId, Netns>,
+    by_nsid: HashMap<i32, RecordId>,
+    by_inode: HashMap<NetnsInode, RecordId>,
+    /// What the latest scans found, by inode.
+    sightings: BTreeMap<NetnsInode, Sighting>,
+    /// Creators the probes named for netns not bound yet.
+    pending_creators: HashMap<NetnsInode, Creator>,
+    next_id: RecordId,
+    /// Advances at each creation and each dump start, to tell which records
+    /// a dump can judge.
+    epoch: u64,
+    counts: RegistryCounts,
+}
+
+pub(super) fn is_host_route(r: &Route) -> bool {
+    let full = match r.family {
+        consts::AF_INET => 32,
+        consts::AF_INET6 => 128,
+        _ => return false,
+    };
+    r.route_type == consts::RTN_UNICAST
+        && r.table == consts::RT_TABLE_MAIN
+        && r.dst_len == full
+        && r.dst.is_some()
+        && r.oif.is_some()
+}
+
+fn route_key(r: &Route) -> Option<RouteKey> {
+    Some(RouteKey { dst: r.dst?, dst_len: r.dst_len, table: r.table, priority: r.priority.unwrap_or(0), oif: r.oif? })
+}
+
+fn addr_key(a: &Address) -> AddrKey {
+    AddrKey { ifindex: a.ifindex, ip: a.ip, prefix_len: a.prefix_len }
+}
+
+impl Registry {
+    pub(super) fn new(host_inode: NetnsInode, now: SystemTime) -> Self {
+        Self {
+            host: Netns::new(Some(host_inode), None, now, 0),
+            live: HashMap::new(),
+            by_nsid: HashMap::new(),
+            by_inode: HashMap::new(),
+            sightings: BTreeMap::new(),
+            pending_creators: HashMap::new(),
+            next_id: 1,
+            epoch: 1,
+            counts: RegistryCounts::default(),
+        }
+    }
+
+    // ---- reading ---------------------------------------------------------
+
+    pub(super) fn counts(&self) -> RegistryCounts {
+        self.counts
+    }
+
+    pub(super) fn host(&self) -> &Netns {
+        &self.host
+    }
+
+    /// Live records, in no particular order.
+    pub(super) fn records(&self) -> impl Iterator<Item = (RecordId, &Netns)> {
+        self.live.iter().map(|(&id, r)| (id, r))
+    }
+
+    pub(super) fn record(&self, id: RecordId) -> Option<&Netns> {
+        self.live.get(&id)
+    }
+
+    /// Live record ids, oldest first.
+    pub(super) fn record_ids(&self) -> Vec<RecordId> {
+        let mut ids: Vec<RecordId> = self.live.keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub(super) fn sighting(&self, inode: NetnsInode) -> Option<&Sighting> {
+        self.sightings.get(&inode)
+    }
+
+    pub(super) fn is_host_inode(&self, inode: NetnsInode) -> bool {
+        self.host.inode == Some(inode)
+    }
+
+    pub(super) fn host_nsid(&self) -> Option<i32> {
+        self.host.nsid
+    }
+
+    pub(super) fn by_nsid(&self, nsid: i32) -> Option<RecordId> {
+        self.by_nsid.get(&nsid).copied()
+    }
+
+    pub(super) fn by_inode(&self, inode: NetnsInode) -> Option<RecordId> {
+        self.by_inode.get(&inode).copied()
+    }
+
+    /// Every inode the registry knows alive, the agent's own included.
+    pub(super) fn known_inodes(&self) -> HashSet<NetnsInode> {
+        self.by_inode.keys().copied().chain(self.host.inode).collect()
+    }
+
+    /// Some record is known only by its nsid.
+    pub(super) fn any_without_inode(&self) -> bool {
+        self.live.values().any(|r| r.inode.is_none())
+    }
+
+    /// Record `id` is alive and still the netns that had `nsid` (not a
+    /// later one after the record died and the nsid went to another).
+    pub(super) fn holds_nsid(&self, id: RecordId, nsid: Option<i32>) -> bool {
+        self.live.get(&id).is_some_and(|r| r.nsid == nsid)
+    }
+
+    pub(super) fn nsid(&self, id: RecordId) -> Option<i32> {
+        self.live.get(&id).and_then(|r| r.nsid)
+    }
+
+    pub(super) fn first_seen(&self, id: RecordId) -> Option<SystemTime> {
+        self.live.get(&id).map(|r| r.first_seen)
+    }
+
+    pub(super) fn last_alive(&self, id: RecordId) -> Option<SystemTime> {
+        self.live.get(&id).map(|r| r.last_alive)
+    }
+
+    /// Who sent a datagram whose `NETLINK_LISTEN_ALL_NSID` control message
+    /// said `origin_nsid`.
+    pub(super) fn origin(&self, origin_nsid: Option<i32>) -> Origin {
+        match origin_nsid {
+            None => Origin::Host,
+            Some(n) if Some(n) == self.host.nsid => Origin::Host,
+            Some(n) => self.by_nsid.get(&n).map_or(Origin::Unknown(n), |&id| Origin::Record(id)),
+        }
+    }
+
+    /// How many records older than a dump's start were missing from it.
+    pub(super) fn absent_from_nsid_dump(&self, seen: &HashSet<Entry>, started_epoch: u64) -> usize {
+        self.live
+            .values()
+            .filter(|r| r.born < started_epoch && r.nsid.is_some_and(|n| !seen.contains(&Entry::Nsid(n))))
+            .count()
+    }
+
+    /// What binding `inode` to `nsid` takes (see [`BindPlan`]).
+    pub(super) fn plan_bind(&self, inode: NetnsInode, nsid: i32) -> BindPlan {
+        let holder = self.by_nsid(nsid);
+        let by_inode = self.by_inode(inode);
+        match holder {
+            Some(id) if by_inode == Some(id) => BindPlan::Known(id),
+            // One live netns has one nsid: another record claiming this
+            // inode is an older netns whose inode was reused.
+            Some(id) if self.live.get(&id).is_some_and(|r| r.inode.is_none()) => {
+                BindPlan::Attach { record: id, superseded: by_inode }
+            }
+            // nsid reused: its previous holder died unannounced.
+            Some(id) => {
+                BindPlan::Create { superseded: std::iter::once(id).chain(by_inode).collect(), nsid_was_free: false }
+            }
+            None => BindPlan::Create { superseded: by_inode.into_iter().collect(), nsid_was_free: true },
+        }
+    }
+
+    // ---- writing ---------------------------------------------------------
+
+    pub(super) fn bump_epoch(&mut self) -> u64 {
+        self.epoch += 1;
+        self.epoch
+    }
+
+    fn netns_mut(&mut self, key: NetnsKey) -> Option<&mut Netns> {
+        match key {
+            NetnsKey::Host => Some(&mut self.host),
+            NetnsKey::Record(id) => self.live.get_mut(&id),
+        }
+    }
+
+    /// The kernel just showed `key` alive.
+    pub(super) fn touch(&mut self, key: NetnsKey, now: SystemTime) {
+        if let Some(ns) = self.netns_mut(key)
+            && ns.last_alive < now
+        {
+            ns.last_alive = now;
+        }
+    }
+
+    /// A new record for the netns with `nsid` (and `inode`, once known).
+    pub(super) fn create(&mut self, inode: Option<NetnsInode>, nsid: i32, now: SystemTime) -> RecordId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let born = self.bump_epoch();
+        let mut rec = Netns::new(inode, Some(nsid), now, born);
+        if let Some(i) = inode {
+            rec.creator = self.pending_creators.remove(&i);
+            rec.last_mounts = self.sightings.get(&i).map(|s| s.bind_mounts.clone()).unwrap_or_default();
+            self.by_inode.insert(i, id);
+        }
+        self.by_nsid.insert(nsid, id);
+        self.live.insert(id, rec);
+        debug!(?inode, nsid, "netns tracked");
+        id
+    }
+
+    /// The agent's own netns has `nsid` for itself.
+    pub(super) fn bind_host(&mut self, nsid: i32) {
+        // A record made for this nsid before we knew it was ours.
+        if let Some(id) = self.by_nsid.remove(&nsid) {
+            self.live.remove(&id);
+        }
+        if self.host.nsid != Some(nsid) {
+            debug!(nsid, "the agent's own netns has an nsid for itself");
+        }
+        self.host.nsid = Some(nsid);
+    }
+
+    /// Gives record `id`, known so far by nsid only, its inode.
+    pub(super) fn attach_inode(&mut self, id: RecordId, inode: NetnsInode) {
+        let pending = self.pending_creators.remove(&inode);
+        let mounts = self.sightings.get(&inode).map(|s| s.bind_mounts.clone()).unwrap_or_default();
+        if let Some(rec) = self.live.get_mut(&id) {
+            rec.inode = Some(inode);
+            rec.last_mounts = mounts;
+            if rec.creator.is_none() {
+                rec.creator = pending;
+            }
+        }
+        self.by_inode.insert(inode, id);
+    }
+
+    /// The kernel assigned an nsid (counted as a correction when a
+    /// counting resync found the netns).
+    pub(super) fn count_assignment(&mut self, found_by_resync: bool) {
+        self.counts.nsids_assigned += 1;
+        if found_by_resync {
+            self.count_found();
+        }
+    }
+
+    /// A resync found a live netns no event had announced.
+    pub(super) fn count_found(&mut self) {
+        self.counts.corrections.netns_found += 1;
+    }
+
+    /// Removes record `id`, which died (`source` says how the model knows).
+    pub(super) fn remove(&mut self, id: RecordId, source: DeathSource) {
+        let Some(rec) = self.live.remove(&id) else {
+            return;
+        };
+        if matches!(source, DeathSource::NsidGone | DeathSource::Superseded) {
+            self.counts.corrections.netns_lost += 1;
+        }
+        if let Some(n) = rec.nsid
+            && self.by_nsid.get(&n) == Some(&id)
+        {
+            self.by_nsid.remove(&n);
+        }
+        if let Some(i) = rec.inode
+            && self.by_inode.get(&i) == Some(&id)
+        {
+            self.by_inode.remove(&i);
+            // The inode may be reused; its old mounts are not the new
+            // netns's.
+            self.sightings.remove(&i);
+        }
+        self.counts.deaths += 1;
+    }
+
+    /// A probe named the task that created (or first entered) `inode`.
+    pub(super) fn note_creator(&mut self, inode: NetnsInode, creator: Creator) {
+        match self.by_inode.get(&inode).and_then(|id| self.live.get_mut(id)) {
+            Some(rec) if rec.creator.is_none() => rec.creator = Some(creator),
+            // The record is an older netns with a reused inode whose
+            // death is still queued: keep this for the new one.
+            Some(_) | None => {
+                self.pending_creators.insert(inode, creator);
+            }
+        }
+    }
+
+    /// Forgets creators announced longer than `ttl` ago whose netns was
+    /// never bound.
+    pub(super) fn forget_stale_creators(&mut self, now: SystemTime, ttl: Duration) {
+        self.pending_creators.retain(|_, c| age(now, c.at) <= ttl);
+    }
+
+    /// A discovery scan of `scope` found `found`.
+    pub(super) fn apply_scan(&mut self, scope: Scope, found: BTreeMap<NetnsInode, Sighting>) {
+        match scope {
+            Scope::Full => self.sightings = found,
+            Scope::Mounts => {
+                for s in self.sightings.values_mut() {
+                    s.bind_mounts.clear();
+                }
+                for (inode, s) in found {
+                    self.sightings.entry(inode).or_default().bind_mounts = s.bind_mounts;
+                }
+                self.sightings.retain(|_, s| !s.bind_mounts.is_empty() || s.process_count > 0);
+            }
+        }
+        for rec in self.live.values_mut() {
+            if let Some(s) = rec.inode.and_then(|i| self.sightings.get(&i))
+                && !s.bind_mounts.is_empty()
+            {
+                rec.last_mounts.clone_from(&s.bind_mounts);
+            }
+        }
+    }
+
+    /// A notification about `key` (not a dump part).
+    pub(super) fn apply_event(&mut self, key: NetnsKey, message: Message, now: SystemTime) -> Applied {
+        self.touch(key, now);
+        match message {
+            Message::NewLink(l) => {
+                let ifindex = l.ifindex;
+                let needs_link_dump = self.upsert_link(key, l, key == NetnsKey::Host, false);
+                Applied { shown: Some(Entry::Link(ifindex)), needs_link_dump }
+            }
+            Message::DelLink(l) => {
+                if let Some(ns) = self.netns_mut(key) {
+                    ns.links.remove(&l.ifindex);
+                    ns.addresses.retain(|k, _| k.ifindex != l.ifindex);
+                    ns.routes.retain(|k, _| k.oif != l.ifindex);
+                }
+                Applied::default()
+            }
+            Message::NewAddress(a) => {
+                let addr = addr_key(&a);
+                if let Some(ns) = self.netns_mut(key) {
+                    ns.addresses.insert(addr, a.scope);
+                }
+                Applied { shown: Some(Entry::Addr(addr)), needs_link_dump: false }
+            }
+            Message::DelAddress(a) => {
+                if let Some(ns) = self.netns_mut(key) {
+                    ns.addresses.remove(&addr_key(&a));
+                }
+                Applied::default()
+            }
+            Message::NewRoute(r) if key == NetnsKey::Host && is_host_route(&r) => match route_key(&r) {
+                Some(route) => {
+                    self.host.routes.insert(route, r.protocol);
+                    Applied { shown: Some(Entry::Route(route)), needs_link_dump: false }
+                }
+                None => Applied::default(),
+            },
+            Message::DelRoute(r) if key == NetnsKey::Host => {
+                if let Some(route) = route_key(&r) {
+                    self.host.routes.remove(&route);
+                }
+                Applied::default()
+            }
+            _ => Applied::default(),
+        }
+    }
+
+    /// A part of a dump of `table` about `key`; returns the entry it shows.
+    /// `counting`: differences count as corrections.
+    pub(super) fn apply_dump_part(
+        &mut self,
+        key: NetnsKey,
+        table: Table,
+        message: Message,
+        counting: bool,
+    ) -> Option<Entry> {
+        match message {
+            Message::NewLink(l) if table == Table::Links => {
+                let ifindex = l.ifindex;
+                self.upsert_link(key, l, true, counting);
+                Some(Entry::Link(ifindex))
+            }
+            Message::NewAddress(a) if table == Table::Addresses => {
+                let addr = addr_key(&a);
+                if let Some(ns) = self.netns_mut(key) {
+                    let old = ns.addresses.insert(addr, a.scope);
+                    if counting && old != Some(a.scope) {
+                        self.counts.corrections.addresses += 1;
+                    }
+                }
+                Some(Entry::Addr(addr))
+            }
+            // Host routes are the agent's own netns's: only it is dumped
+            // for routes.
+            Message::NewRoute(r) if table == Table::Routes && is_host_route(&r) => {
+                let route = route_key(&r)?;
+                let old = self.host.routes.insert(route, r.protocol);
+                if counting && old.is_none() {
+                    self.counts.corrections.routes += 1;
+                }
+                Some(Entry::Route(route))
+            }
+            _ => None,
+        }
+    }
+
+    /// Stores a link; returns whether its netns should be re-dumped to
+    /// learn where its peer lives. Counts a correction when a counting dump
+    /// finds it new or different.
+    fn upsert_link(&mut self, key: NetnsKey, l: Link, our_frame: bool, counting: bool) -> bool {
+        let Some(ns) = self.netns_mut(key) else {
+            return false;
+        };
+        let old = ns.links.get(&l.ifindex);
+        let mut needs_dump = false;
+        let link_netns = match (our_frame, l.link_netnsid, l.link) {
+            (true, Some(n), _) => LinkNetns::Nsid(n),
+            (true, None, _) | (false, _, None) => LinkNetns::Same,
+            (false, _, Some(p)) => match old {
+                Some(o) if o.link == Some(p) && o.link_netns != LinkNetns::Unverified => o.link_netns,
+                _ => {
+                    needs_dump = true;
+                    LinkNetns::Unverified
+                }
+            },
+        };
+        let state = LinkState {
+            name: l.name,
+            kind: l.kind,
+            flags: l.flags,
+            mac: l.mac,
+            link: l.link,
+            link_netns,
+            master: l.master,
+        };
+        let changed = old != Some(&state);
+        ns.links.insert(l.ifindex, state);
+        if counting && changed {
+            self.counts.corrections.links += 1;
+        }
+        needs_dump
+    }
+
+    /// After a complete dump of `table` about `key`: removes what existed
+    /// before it but was in neither the dump nor a notification since
+    /// (`seen`): changes whose events were lost. Nothing is removed from a
+    /// record that is no longer the netns the dump targeted (`nsid`).
+    pub(super) fn sweep(
+        &mut self,
+        key: NetnsKey,
+        nsid: Option<i32>,
+        table: Table,
+        seen: &HashSet<Entry>,
+        counting: bool,
+    ) {
+        if let NetnsKey::Record(id) = key
+            && !self.holds_nsid(id, nsid)
+        {
+            return;
+        }
+        let Some(ns) = self.netns_mut(key) else {
+            return;
+        };
+        let removed = match table {
+            Table::Links => {
+                let before = ns.links.len();
+                ns.links.retain(|k, _| seen.contains(&Entry::Link(*k)));
+                let links = ns.links.keys().copied().collect::<HashSet<_>>();
+                ns.addresses.retain(|k, _| links.contains(&k.ifindex));
+                before - ns.links.len()
+            }
+            Table::Addresses => {
+                let before = ns.addresses.len();
+                ns.addresses.retain(|k, _| seen.contains(&Entry::Addr(*k)));
+                before - ns.addresses.len()
+            }
+            Table::Routes => {
+                let before = ns.routes.len();
+                ns.routes.retain(|k, _| seen.contains(&Entry::Route(*k)));
+                before - ns.routes.len()
+            }
+            // Absence from the nsid dump is never death (see the router's
+            // `sweep`): records are not swept on it.
+            Table::Nsids => 0,
+        } as u64;
+        if counting {
+            let corrections = &mut self.counts.corrections;
+            match table {
+                Table::Links => corrections.links += removed,
+                Table::Addresses => corrections.addresses += removed,
+                Table::Routes => corrections.routes += removed,
+                Table::Nsids => {}
+            }
+        }
+    }
+}
