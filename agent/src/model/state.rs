@@ -55,7 +55,7 @@ use crate::{
 };
 
 /// Limits and retention of the model.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct ModelConfig {
     /// How long a dead netns stays in snapshots.
     pub dead_retention: Duration,
@@ -351,7 +351,7 @@ impl Model {
                         self.die(id, DeathSource::PutNet, freed_at);
                     }
                     Some(_) => {
-                        debug!(inode = netns_inode, "__put_net of an earlier netns with a reused inode: ignored")
+                        debug!(inode = netns_inode, "__put_net of an earlier netns with a reused inode: ignored");
                     }
                     None => {}
                 }
