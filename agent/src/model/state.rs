@@ -5,18 +5,21 @@
 //!
 //! [`Model`] only routes: it feeds each input to the part whose job it is
 //! and turns what the parts return into actions and into inputs of the
-//! other parts. The parts own their state and never call each other:
-//! - `registry`: every netns, its links, addresses and routes;
+//! other parts (this file: discovery, probes, timers, and the births and
+//! deaths of records; `netlink_input`: the socket's messages). The parts
+//! own their state and never call each other:
+//! - `registry`: every netns, its links, addresses and routes (`records`:
+//!   what a record holds, and the names the parts share);
 //! - `nsid_query`: the nsid requests and their answers;
 //! - `dumps`: the dump queue and its mark-and-sweep;
 //! - `resync`: the resync's phases and the discovery jobs;
 //! - `view`: snapshots, and the views of the recently dead.
 //!
-//! Deaths are decided here, on the kernel's word only: `RTM_DELNSID`,
-//! `__put_net` (not earlier than the record's first sight), an nsid or
-//! inode given to another netns, or a dump aimed at the record's nsid
-//! refused once such dumps are known to work. Absence from a dump is never
-//! death.
+//! Deaths are decided by the router only, on the kernel's word only:
+//! `RTM_DELNSID`, `__put_net` (not earlier than the record's first sight),
+//! an nsid or inode given to another netns, or a dump aimed at the record's
+//! nsid refused once such dumps are known to work. Absence from a dump is
+//! never death.
 //!
 //! Ordering argument: requests, replies, dumps and notifications share one
 //! socket, and the kernel queues them in the order things happened. So a
@@ -25,7 +28,9 @@
 //! keeps nsid -> netns bindings right across deaths and reuse.
 
 mod dumps;
+mod netlink_input;
 mod nsid_query;
+mod records;
 mod registry;
 mod resync;
 mod view;
@@ -40,17 +45,17 @@ use std::{
 use tracing::{debug, info, warn};
 
 use self::{
-    dumps::{Dump, DumpEnd, DumpQueue, Outcome},
-    nsid_query::{Answer, NsidQueries, QueryTarget},
-    registry::{BindPlan, Entry, NetnsKey, Origin, RecordId, Registry, Table},
+    dumps::{Dump, DumpEnd, DumpQueue},
+    nsid_query::{NsidQueries, QueryTarget},
+    records::{Entry, NetnsKey, RecordId, Table},
+    registry::{BindPlan, Registry},
     resync::{Resync, ResyncStep, ScanRequest, ScanStart},
     view::DeadViews,
 };
-use super::snapshot::{Creator, DeathSource, ModelSnapshot, ModelStats, NetnsDeath, NetnsInode};
+use super::snapshot::{DeathSource, ModelSnapshot, ModelStats, NetnsDeath, NetnsInode};
 use crate::{
     discovery::{Scope, Sighting},
     kernel::events::{KernelEvent, NetnsVia, Task},
-    netlink::wire::{self, Header, Message},
     telemetry::clock::Clock,
 };
 
@@ -114,21 +119,8 @@ pub struct Model {
     actions: Vec<Action>,
     /// Time of the latest input, for state that records when it started.
     last_now: SystemTime,
-    overruns: u64,
-    deaths_dropped: u64,
-    malformed_messages: u64,
-    kernel_events: u64,
-}
-
-fn creator_of(clock: &Clock, task: &Task, via: NetnsVia) -> Creator {
-    Creator {
-        pid: task.tgid,
-        tid: task.pid,
-        comm: task.comm.clone(),
-        cgroup_id: task.cgroup_id,
-        via,
-        at: clock.wall(task.ktime_ns),
-    }
+    /// The router's own counters (the parts keep theirs).
+    counts: ModelStats,
 }
 
 impl Model {
@@ -146,10 +138,7 @@ impl Model {
             next_seq: 1,
             actions: Vec::new(),
             last_now: now,
-            overruns: 0,
-            deaths_dropped: 0,
-            malformed_messages: 0,
-            kernel_events: 0,
+            counts: ModelStats::default(),
         }
     }
 
@@ -160,21 +149,10 @@ impl Model {
 
     #[must_use]
     pub fn stats(&self) -> ModelStats {
-        let registry = self.registry.counts();
-        let resync = self.resync.counts();
-        ModelStats {
-            ready: resync.ready,
-            resyncs: resync.resyncs,
-            last_resync_at: resync.last_resync_at,
-            corrections: registry.corrections,
-            overruns: self.overruns,
-            deaths: registry.deaths,
-            deaths_dropped: self.deaths_dropped,
-            nsids_assigned: registry.nsids_assigned,
-            malformed_messages: self.malformed_messages,
-            kernel_events: self.kernel_events,
-            unresolved_creations: resync.unresolved_creations,
-        }
+        let mut stats = self.counts.clone();
+        self.registry.count_into(&mut stats);
+        self.resync.count_into(&mut stats);
+        stats
     }
 
     #[must_use]
@@ -188,7 +166,7 @@ impl Model {
     }
 
     pub fn count_dropped_death(&mut self) {
-        self.deaths_dropped += 1;
+        self.counts.deaths_dropped += 1;
     }
 
     fn seq(&mut self) -> u32 {
@@ -219,11 +197,11 @@ impl Model {
     /// ENOBUFS: notifications were lost. Replies to our queries may be
     /// among them; those left pending are pruned as stale.
     pub fn overrun(&mut self) {
-        self.overruns += 1;
+        self.counts.overruns += 1;
         if self.resync.in_progress() {
-            debug!(overruns = self.overruns, "netlink overrun during a resync");
+            debug!(overruns = self.counts.overruns, "netlink overrun during a resync");
         } else {
-            warn!(overruns = self.overruns, "netlink overrun: notifications lost, resyncing");
+            warn!(overruns = self.counts.overruns, "netlink overrun: notifications lost, resyncing");
         }
         self.start_resync(true);
     }
@@ -334,7 +312,7 @@ impl Model {
 
     pub fn kernel_event(&mut self, event: &KernelEvent, now: SystemTime) {
         self.last_now = now;
-        self.kernel_events += 1;
+        self.counts.kernel_events += 1;
         match event {
             KernelEvent::NetnsEntered { task, netns_inode, via, .. } => {
                 let creation = matches!(via, NetnsVia::Unshare | NetnsVia::Clone | NetnsVia::Clone3);
@@ -342,18 +320,10 @@ impl Model {
             }
             KernelEvent::NetnsCreated { task, netns_inode, via } => self.netns_event(task, *netns_inode, Some(*via)),
             KernelEvent::NetnsFreed { task, netns_inode } => {
-                // The record must be this very incarnation: a late record of
-                // an earlier netns with the same inode (reused at once)
-                // predates the current one's first sight.
+                // Only this very incarnation's record counts (`Registry::freed`).
                 let freed_at = self.clock.wall(task.ktime_ns);
-                match self.registry.by_inode(*netns_inode) {
-                    Some(id) if self.registry.first_seen(id).is_some_and(|seen| freed_at >= seen) => {
-                        self.die(id, DeathSource::PutNet, freed_at);
-                    }
-                    Some(_) => {
-                        debug!(inode = netns_inode, "__put_net of an earlier netns with a reused inode: ignored");
-                    }
-                    None => {}
+                if let Some(id) = self.registry.freed(*netns_inode, freed_at) {
+                    self.die(id, DeathSource::PutNet, freed_at);
                 }
             }
             KernelEvent::CniExec { .. } | KernelEvent::CniExit { .. } => {}
@@ -365,99 +335,10 @@ impl Model {
             return;
         }
         if let Some(via) = created_via {
-            self.registry.note_creator(inode, creator_of(&self.clock, task, via));
+            self.registry.note_creator(inode, task, via, self.clock.wall(task.ktime_ns));
         }
         if self.registry.by_inode(inode).is_none() && self.resync.resolve(inode) {
             self.actions.push(Action::Job(Job::Resolve { inode, tgid: task.tgid, tid: task.pid }));
-        }
-    }
-
-    // ---- netlink ---------------------------------------------------------
-
-    /// One datagram from the socket. `origin_nsid` is its
-    /// `NETLINK_LISTEN_ALL_NSID` control message.
-    pub fn datagram(&mut self, origin_nsid: Option<i32>, bytes: &[u8], now: SystemTime) {
-        self.last_now = now;
-        for item in wire::messages(bytes) {
-            match item {
-                Err(e) => {
-                    self.malformed_messages += 1;
-                    warn!("malformed netlink datagram, rest skipped: {e}");
-                    break;
-                }
-                Ok((header, payload)) => match wire::decode(&header, payload) {
-                    Ok(message) => self.message(origin_nsid, &header, message, now),
-                    Err(e) => {
-                        self.malformed_messages += 1;
-                        warn!(kind = header.kind, "malformed netlink message skipped: {e}");
-                    }
-                },
-            }
-        }
-    }
-
-    fn message(&mut self, origin_nsid: Option<i32>, header: &Header, message: Message, now: SystemTime) {
-        let origin = self.registry.origin(origin_nsid);
-        if origin == Origin::Host && header.seq != 0 {
-            if self.dumps.answers(header.seq) {
-                self.dump_part(header, message, now);
-                return;
-            }
-            match self.queries.answer(header.seq, &message) {
-                Some(Answer::Bound { target, nsid, counting }) => return self.bind(target, nsid, counting, now),
-                Some(Answer::Settled) => return,
-                None => {}
-            }
-        }
-        match message {
-            // Never the host's own nsid: a late reply to a pruned query can
-            // carry it.
-            Message::NewNsid { nsid: Some(n) } if origin == Origin::Host && Some(n) != self.registry.host_nsid() => {
-                self.nsid_appeared(n, now);
-            }
-            Message::DelNsid { nsid: Some(n) } if origin == Origin::Host => {
-                if let Some(id) = self.registry.by_nsid(n) {
-                    self.die(id, DeathSource::RtmDelnsid, now);
-                } else {
-                    debug!(nsid = n, "RTM_DELNSID for an nsid the model never bound");
-                }
-            }
-            Message::NewLink(_)
-            | Message::DelLink(_)
-            | Message::NewAddress(_)
-            | Message::DelAddress(_)
-            | Message::NewRoute(_)
-            | Message::DelRoute(_) => {
-                let key = match origin {
-                    Origin::Host => NetnsKey::Host,
-                    Origin::Record(id) => NetnsKey::Record(id),
-                    // An event can beat the RTM_NEWNSID that announces its
-                    // netns; the nsid is valid, so start the record here.
-                    Origin::Unknown(n) => NetnsKey::Record(self.nsid_appeared(n, now)),
-                };
-                self.event(key, message, now);
-            }
-            Message::Error { errno, request_seq } if errno != 0 => {
-                debug!(errno, ?request_seq, "netlink error for a request no longer tracked");
-            }
-            // Other netns numbering their peers (not our frame of reference),
-            // stray acknowledgements, types we did not ask for.
-            Message::NewNsid { .. }
-            | Message::DelNsid { .. }
-            | Message::Done { .. }
-            | Message::Error { .. }
-            | Message::Other => {}
-        }
-    }
-
-    /// A notification about `key` (not a dump part).
-    fn event(&mut self, key: NetnsKey, message: Message, now: SystemTime) {
-        let applied = self.registry.apply_event(key, message, now);
-        if let Some(entry) = applied.shown {
-            self.dumps.mark(key, entry);
-        }
-        if applied.needs_link_dump {
-            self.queue_dump(Dump { target: key, table: Table::Links, counting: false, for_resync: false });
         }
     }
 
@@ -564,90 +445,6 @@ impl Model {
             let request = self.dumps.start(dump, nsid, seq, epoch, self.last_now);
             self.actions.push(Action::Send { request, dump_seq: Some(seq) });
         }
-    }
-
-    fn dump_part(&mut self, header: &Header, message: Message, now: SystemTime) {
-        let Some((dump, nsid)) = self.dumps.part(header) else {
-            return;
-        };
-        // Parts for a record that died mid-dump describe whoever holds the
-        // nsid now: drop them, that netns gets its own dump.
-        let target_alive = match dump.target {
-            NetnsKey::Host => true,
-            NetnsKey::Record(id) => self.registry.holds_nsid(id, nsid),
-        };
-        if target_alive && !matches!(message, Message::Done { .. } | Message::Error { .. }) {
-            self.registry.touch(dump.target, now);
-        }
-        match message {
-            Message::Done { error: 0 } => self.end_dump(DumpEnd::Complete),
-            Message::Done { error } => self.end_dump(DumpEnd::Refused(error.saturating_neg())),
-            Message::Error { errno, .. } => self.end_dump(DumpEnd::Refused(errno)),
-            Message::NewNsid { nsid: Some(n) } if dump.table == Table::Nsids => {
-                if Some(n) != self.registry.host_nsid() {
-                    let known = self.registry.by_nsid(n).is_some();
-                    self.nsid_appeared(n, now);
-                    if !known && dump.counting {
-                        self.registry.count_found();
-                    }
-                }
-                self.dumps.mark(NetnsKey::Host, Entry::Nsid(n));
-            }
-            part if target_alive => {
-                if let Some(entry) = self.registry.apply_dump_part(dump.target, dump.table, part, dump.counting) {
-                    self.dumps.mark(dump.target, entry);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    fn end_dump(&mut self, end: DumpEnd) {
-        let Some(ended) = self.dumps.end(end) else {
-            return;
-        };
-        let (dump, nsid) = (ended.dump, ended.nsid);
-        match ended.outcome {
-            Outcome::Repeat => {}
-            Outcome::Complete { seen, started_epoch } => {
-                self.sweep(dump, nsid, &seen, started_epoch);
-                self.dump_finished(dump);
-            }
-            Outcome::NsidGone(id) => {
-                // The refusal is about this very record only if it still
-                // holds the nsid the dump was aimed at.
-                if nsid.is_some()
-                    && self.registry.holds_nsid(id, nsid)
-                    && let Some(at) = self.registry.last_alive(id)
-                {
-                    self.die(id, DeathSource::NsidGone, at);
-                } else {
-                    debug!(errno = libc::EINVAL, table = ?dump.table, ?nsid, "dump refused");
-                }
-                self.dump_finished(dump);
-            }
-            Outcome::Nothing => self.dump_finished(dump),
-        }
-        self.start_next_dump();
-    }
-
-    /// Removes what a complete dump did not show (changes whose events were
-    /// lost); never a netns.
-    fn sweep(&mut self, dump: Dump, nsid: Option<i32>, seen: &HashSet<Entry>, started_epoch: u64) {
-        if dump.table == Table::Nsids {
-            // Absence from this dump is never death: the kernel sends it in
-            // parts and resumes by position, so with many netns (about
-            // 1,300, fewer with fragmented memory) live ones go missing.
-            // Each record gets a dump aimed at its own nsid next (the
-            // resync's per-netns dumps); a refusal of that is the kernel's
-            // word (`Outcome::NsidGone`).
-            let absent = self.registry.absent_from_nsid_dump(seen, started_epoch);
-            if absent > 0 {
-                debug!(absent, "netns missing from the nsid dump; each is checked by its own nsid");
-            }
-            return;
-        }
-        self.registry.sweep(dump.target, nsid, dump.table, seen, dump.counting);
     }
 
     /// The resync's bookkeeping of a finished dump.

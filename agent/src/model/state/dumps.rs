@@ -14,7 +14,7 @@ use tracing::debug;
 
 use super::{
     STUCK, age,
-    registry::{Entry, NetnsKey, RecordId, Table},
+    records::{Entry, NetnsKey, RecordId, Table},
 };
 use crate::netlink::wire::{self, Header};
 

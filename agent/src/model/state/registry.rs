@@ -7,30 +7,21 @@
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
-    net::IpAddr,
-    path::PathBuf,
     time::{Duration, SystemTime},
 };
 
 use tracing::debug;
 
 use super::{
-    super::snapshot::{Corrections, Creator, DeathSource, NetnsInode},
+    super::snapshot::{Corrections, Creator, DeathSource, ModelStats, NetnsInode},
     age,
+    records::{Entry, LinkNetns, LinkState, Netns, NetnsKey, RecordId, Table, addr_key, is_host_route, route_key},
 };
 use crate::{
     discovery::{Scope, Sighting},
-    netlink::wire::{Address, Link, Message, Route, consts},
+    kernel::events::{NetnsVia, Task},
+    netlink::wire::{Link, Message},
 };
-
-pub(super) type RecordId = u64;
-
-/// A netns in the registry: the agent's own, or the record of another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum NetnsKey {
-    Host,
-    Record(RecordId),
-}
 
 /// Who sent a notification, in the registry's terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,113 +30,6 @@ pub(super) enum Origin {
     Record(RecordId),
     /// An nsid no record holds yet.
     Unknown(i32),
-}
-
-/// The kernel tables the model mirrors; a dump lists one of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Table {
-    Links,
-    Addresses,
-    Routes,
-    Nsids,
-}
-
-/// One entry the kernel showed, in a dump or a notification: what a dump's
-/// mark-and-sweep marks as still there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Entry {
-    Link(u32),
-    Addr(AddrKey),
-    Route(RouteKey),
-    Nsid(i32),
-}
-
-impl Entry {
-    pub(super) fn table(self) -> Table {
-        match self {
-            Self::Link(_) => Table::Links,
-            Self::Addr(_) => Table::Addresses,
-            Self::Route(_) => Table::Routes,
-            Self::Nsid(_) => Table::Nsids,
-        }
-    }
-}
-
-/// Where a link's `IFLA_LINK` points, in the agent's frame of reference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum LinkNetns {
-    Same,
-    /// nsid as the agent's netns numbers it.
-    Nsid(i32),
-    /// Only an event from inside the netns said so, in that netns's own
-    /// numbering (or not at all): a dump will tell.
-    Unverified,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct LinkState {
-    pub(super) name: Option<String>,
-    pub(super) kind: Option<String>,
-    pub(super) flags: u32,
-    pub(super) mac: Option<Vec<u8>>,
-    pub(super) link: Option<u32>,
-    pub(super) link_netns: LinkNetns,
-    pub(super) master: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) struct AddrKey {
-    pub(super) ifindex: u32,
-    pub(super) ip: IpAddr,
-    pub(super) prefix_len: u8,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) struct RouteKey {
-    pub(super) dst: IpAddr,
-    pub(super) dst_len: u8,
-    pub(super) table: u32,
-    pub(super) priority: u32,
-    pub(super) oif: u32,
-}
-
-#[derive(Debug, Clone)]
-pub(super) struct Netns {
-    pub(super) inode: Option<NetnsInode>,
-    pub(super) nsid: Option<i32>,
-    pub(super) first_seen: SystemTime,
-    /// Last time the kernel showed it alive (an event from it, a dump part
-    /// about it, an nsid reply): the earliest it can have died.
-    pub(super) last_alive: SystemTime,
-    /// Registry epoch at creation: a sweep only judges records older than it.
-    pub(super) born: u64,
-    pub(super) creator: Option<Creator>,
-    /// Where it was last seen bind-mounted: `ip netns del` unmounts before
-    /// the netns dies, and a death notice should still name the path a CNI
-    /// runtime knew it by.
-    pub(super) last_mounts: Vec<PathBuf>,
-    pub(super) links: BTreeMap<u32, LinkState>,
-    /// Address -> `ifa_scope`.
-    pub(super) addresses: BTreeMap<AddrKey, u8>,
-    /// Host route -> `rtm_protocol` (the agent's own netns only).
-    pub(super) routes: BTreeMap<RouteKey, u8>,
-}
-
-impl Netns {
-    fn new(inode: Option<NetnsInode>, nsid: Option<i32>, now: SystemTime, born: u64) -> Self {
-        Self {
-            inode,
-            nsid,
-            first_seen: now,
-            last_alive: now,
-            born,
-            creator: None,
-            last_mounts: Vec::new(),
-            links: BTreeMap::new(),
-            addresses: BTreeMap::new(),
-            routes: BTreeMap::new(),
-        }
-    }
 }
 
 /// What binding an inode to an nsid takes, decided before anything
@@ -175,10 +59,10 @@ pub(super) struct Applied {
 
 /// The registry's counters, for the model's statistics.
 #[derive(Debug, Clone, Copy, Default)]
-pub(super) struct RegistryCounts {
-    pub(super) deaths: u64,
-    pub(super) nsids_assigned: u64,
-    pub(super) corrections: Corrections,
+struct RegistryCounts {
+    deaths: u64,
+    nsids_assigned: u64,
+    corrections: Corrections,
 }
 
 /// Every netns the model knows alive, by record id, nsid and inode.
@@ -198,27 +82,6 @@ pub(super) struct Registry {
     counts: RegistryCounts,
 }
 
-pub(super) fn is_host_route(r: &Route) -> bool {
-    let full = match r.family {
-        consts::AF_INET => 32,
-        consts::AF_INET6 => 128,
-        _ => return false,
-    };
-    r.route_type == consts::RTN_UNICAST
-        && r.table == consts::RT_TABLE_MAIN
-        && r.dst_len == full
-        && r.dst.is_some()
-        && r.oif.is_some()
-}
-
-fn route_key(r: &Route) -> Option<RouteKey> {
-    Some(RouteKey { dst: r.dst?, dst_len: r.dst_len, table: r.table, priority: r.priority.unwrap_or(0), oif: r.oif? })
-}
-
-fn addr_key(a: &Address) -> AddrKey {
-    AddrKey { ifindex: a.ifindex, ip: a.ip, prefix_len: a.prefix_len }
-}
-
 impl Registry {
     pub(super) fn new(host_inode: NetnsInode, now: SystemTime) -> Self {
         Self {
@@ -236,8 +99,12 @@ impl Registry {
 
     // ---- reading ---------------------------------------------------------
 
-    pub(super) fn counts(&self) -> RegistryCounts {
-        self.counts
+    /// Adds the registry's counters to `stats`.
+    pub(super) fn count_into(&self, stats: &mut ModelStats) {
+        let RegistryCounts { deaths, nsids_assigned, corrections } = self.counts;
+        stats.deaths = deaths;
+        stats.nsids_assigned = nsids_assigned;
+        stats.corrections = corrections;
     }
 
     pub(super) fn host(&self) -> &Netns {
@@ -304,8 +171,17 @@ impl Registry {
         self.live.get(&id).and_then(|r| r.nsid)
     }
 
-    pub(super) fn first_seen(&self, id: RecordId) -> Option<SystemTime> {
-        self.live.get(&id).map(|r| r.first_seen)
+    /// The record `__put_net` of `inode` at `freed_at` is about: the one
+    /// holding the inode, if it was first seen before. A late record of an
+    /// earlier netns with the same inode (reused at once) predates the
+    /// current one's first sight.
+    pub(super) fn freed(&self, inode: NetnsInode, freed_at: SystemTime) -> Option<RecordId> {
+        let id = self.by_inode(inode)?;
+        if self.live.get(&id).is_some_and(|r| freed_at >= r.first_seen) {
+            return Some(id);
+        }
+        debug!(inode, "__put_net of an earlier netns with a reused inode: ignored");
+        None
     }
 
     pub(super) fn last_alive(&self, id: RecordId) -> Option<SystemTime> {
@@ -320,14 +196,6 @@ impl Registry {
             Some(n) if Some(n) == self.host.nsid => Origin::Host,
             Some(n) => self.by_nsid.get(&n).map_or(Origin::Unknown(n), |&id| Origin::Record(id)),
         }
-    }
-
-    /// How many records older than a dump's start were missing from it.
-    pub(super) fn absent_from_nsid_dump(&self, seen: &HashSet<Entry>, started_epoch: u64) -> usize {
-        self.live
-            .values()
-            .filter(|r| r.born < started_epoch && r.nsid.is_some_and(|n| !seen.contains(&Entry::Nsid(n))))
-            .count()
     }
 
     /// What binding `inode` to `nsid` takes (see [`BindPlan`]).
@@ -453,8 +321,10 @@ impl Registry {
         self.counts.deaths += 1;
     }
 
-    /// A probe named the task that created (or first entered) `inode`.
-    pub(super) fn note_creator(&mut self, inode: NetnsInode, creator: Creator) {
+    /// A probe named `task` as the creator of `inode` (by `via`, at `at`).
+    pub(super) fn note_creator(&mut self, inode: NetnsInode, task: &Task, via: NetnsVia, at: SystemTime) {
+        let creator =
+            Creator { pid: task.tgid, tid: task.pid, comm: task.comm.clone(), cgroup_id: task.cgroup_id, via, at };
         match self.by_inode.get(&inode).and_then(|id| self.live.get_mut(id)) {
             Some(rec) if rec.creator.is_none() => rec.creator = Some(creator),
             // The record is an older netns with a reused inode whose
@@ -617,18 +487,37 @@ impl Registry {
         needs_dump
     }
 
-    /// After a complete dump of `table` about `key`: removes what existed
-    /// before it but was in neither the dump nor a notification since
-    /// (`seen`): changes whose events were lost. Nothing is removed from a
-    /// record that is no longer the netns the dump targeted (`nsid`).
+    /// After a complete dump of `table` about `key` that started at
+    /// `started_epoch`: removes what existed before it but was in neither
+    /// the dump nor a notification since (`seen`): changes whose events
+    /// were lost. Never a netns, and nothing from a record that is no
+    /// longer the netns the dump targeted (`nsid`).
     pub(super) fn sweep(
         &mut self,
         key: NetnsKey,
         nsid: Option<i32>,
         table: Table,
         seen: &HashSet<Entry>,
+        started_epoch: u64,
         counting: bool,
     ) {
+        if table == Table::Nsids {
+            // Absence from this dump is never death: the kernel sends it in
+            // parts and resumes by position, so with many netns (about
+            // 1,300, fewer with fragmented memory) live ones go missing.
+            // Each record gets a dump aimed at its own nsid next (the
+            // resync's per-netns dumps); a refusal of that is the kernel's
+            // word (the dump queue's `Outcome::NsidGone`).
+            let absent = self
+                .live
+                .values()
+                .filter(|r| r.born < started_epoch && r.nsid.is_some_and(|n| !seen.contains(&Entry::Nsid(n))))
+                .count();
+            if absent > 0 {
+                debug!(absent, "netns missing from the nsid dump; each is checked by its own nsid");
+            }
+            return;
+        }
         if let NetnsKey::Record(id) = key
             && !self.holds_nsid(id, nsid)
         {
@@ -655,8 +544,6 @@ impl Registry {
                 ns.routes.retain(|k, _| seen.contains(&Entry::Route(*k)));
                 before - ns.routes.len()
             }
-            // Absence from the nsid dump is never death (see the router's
-            // `sweep`): records are not swept on it.
             Table::Nsids => 0,
         } as u64;
         if counting {

@@ -12,10 +12,10 @@ use std::{
 use tracing::{debug, info, warn};
 
 use super::{
-    super::snapshot::NetnsInode,
+    super::snapshot::{ModelStats, NetnsInode},
     STUCK, age,
     dumps::Dump,
-    registry::{NetnsKey, RecordId, Table},
+    records::{NetnsKey, RecordId, Table},
 };
 use crate::discovery::Scope;
 
@@ -103,15 +103,6 @@ pub(super) struct Resync {
     unresolved_creations: u64,
 }
 
-/// The resync's counters, for the model's statistics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct ResyncCounts {
-    pub(super) ready: bool,
-    pub(super) resyncs: u64,
-    pub(super) last_resync_at: Option<SystemTime>,
-    pub(super) unresolved_creations: u64,
-}
-
 impl Resync {
     pub(super) fn new() -> Self {
         Self {
@@ -129,13 +120,12 @@ impl Resync {
         }
     }
 
-    pub(super) fn counts(&self) -> ResyncCounts {
-        ResyncCounts {
-            ready: self.ready,
-            resyncs: self.resyncs,
-            last_resync_at: self.last_resync_at,
-            unresolved_creations: self.unresolved_creations,
-        }
+    /// Adds the resync's counters to `stats`.
+    pub(super) fn count_into(&self, stats: &mut ModelStats) {
+        stats.ready = self.ready;
+        stats.resyncs = self.resyncs;
+        stats.last_resync_at = self.last_resync_at;
+        stats.unresolved_creations = self.unresolved_creations;
     }
 
     pub(super) fn is_ready(&self) -> bool {

@@ -9,7 +9,7 @@ use super::*;
 use crate::{
     kernel::events::Task,
     model::snapshot::NetnsView,
-    netlink::wire::{Address, Link, Route, consts::*, fake},
+    netlink::wire::{self, Address, Link, Route, consts::*, fake},
 };
 
 const HOST: NetnsInode = 1;

@@ -15,7 +15,8 @@ use super::{
         NetnsView, PeerNetns,
     },
     age,
-    registry::{LinkNetns, Netns, NetnsKey, RecordId, Registry},
+    records::{LinkNetns, Netns, NetnsKey, RecordId},
+    registry::Registry,
 };
 use crate::netlink::wire::consts;
 
