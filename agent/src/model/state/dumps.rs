@@ -211,3 +211,83 @@ impl DumpQueue {
         Some(Ended { dump, nsid, outcome })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const T0: SystemTime = SystemTime::UNIX_EPOCH;
+
+    fn links_of(id: RecordId) -> Dump {
+        Dump { target: NetnsKey::Record(id), table: Table::Links, counting: false, for_resync: false }
+    }
+
+    /// Starts the next queued dump aimed at `nsid` and ends it with `end`.
+    fn run(q: &mut DumpQueue, nsid: Option<i32>, seq: u32, end: DumpEnd) -> Ended {
+        let dump = q.next_queued().expect("a queued dump");
+        q.start(dump, nsid, seq, 1, T0);
+        assert!(q.answers(seq));
+        q.end(end).expect("a dump under way")
+    }
+
+    /// Older kernels refuse every dump by target nsid: an EINVAL is the
+    /// kernel's word that the nsid is gone only once one has worked.
+    #[test]
+    fn a_refused_targeted_dump_means_nsid_gone_only_once_targeted_dumps_worked() {
+        let mut q = DumpQueue::default();
+        q.queue(links_of(1));
+        assert_eq!(run(&mut q, Some(7), 1, DumpEnd::Refused(libc::EINVAL)).outcome, Outcome::Nothing);
+        q.queue(links_of(2));
+        assert!(matches!(run(&mut q, Some(8), 2, DumpEnd::Complete).outcome, Outcome::Complete { .. }));
+        q.queue(links_of(1));
+        assert_eq!(run(&mut q, Some(7), 3, DumpEnd::Refused(libc::EINVAL)).outcome, Outcome::NsidGone(1));
+        // Another errno, or a dump of the agent's own netns, says nothing.
+        q.queue(links_of(1));
+        assert_eq!(run(&mut q, Some(7), 4, DumpEnd::Refused(libc::EPERM)).outcome, Outcome::Nothing);
+        q.queue(Dump { target: NetnsKey::Host, table: Table::Links, counting: false, for_resync: false });
+        assert_eq!(run(&mut q, None, 5, DumpEnd::Refused(libc::EINVAL)).outcome, Outcome::Nothing);
+    }
+
+    #[test]
+    fn a_lost_dump_teaches_nothing_and_frees_the_queue() {
+        let mut q = DumpQueue::default();
+        q.queue(links_of(1));
+        q.queue(links_of(2));
+        let dump = q.next_queued().expect("queued");
+        q.start(dump, Some(7), 1, 1, T0);
+        assert!(!q.stuck(T0 + STUCK) && q.stuck(T0 + STUCK + Duration::from_secs(1)));
+        assert_eq!(q.end(DumpEnd::Lost).map(|e| e.outcome), Some(Outcome::Nothing));
+        assert!(!q.busy());
+        assert_eq!(q.next_queued(), Some(links_of(2)));
+    }
+
+    #[test]
+    fn marks_count_only_for_the_dump_under_way() {
+        let mut q = DumpQueue::default();
+        q.queue(links_of(1));
+        let dump = q.next_queued().expect("queued");
+        q.start(dump, Some(7), 1, 1, T0);
+        q.mark(NetnsKey::Record(1), Entry::Link(3));
+        q.mark(NetnsKey::Record(2), Entry::Link(4));
+        q.mark(NetnsKey::Record(1), Entry::Nsid(7));
+        let Some(Ended { outcome: Outcome::Complete { seen, .. }, .. }) = q.end(DumpEnd::Complete) else {
+            panic!("not complete");
+        };
+        assert_eq!(seen, HashSet::from([Entry::Link(3)]));
+    }
+
+    #[test]
+    fn a_duplicate_merges_and_a_resync_dump_replaces_a_plain_one() {
+        let mut q = DumpQueue::default();
+        q.queue(links_of(1));
+        q.queue(Dump { counting: true, ..links_of(1) });
+        assert_eq!(q.next_queued(), Some(Dump { counting: true, ..links_of(1) }));
+        assert_eq!(q.next_queued(), None);
+        q.queue(links_of(1));
+        q.queue_for_resync(vec![Dump { for_resync: true, ..links_of(1) }]);
+        assert_eq!(q.next_queued(), Some(Dump { for_resync: true, ..links_of(1) }));
+        assert_eq!(q.next_queued(), None);
+    }
+}

@@ -557,3 +557,63 @@ impl Registry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: SystemTime = SystemTime::UNIX_EPOCH;
+    const HOST: NetnsInode = 1;
+
+    #[test]
+    fn binding_plans_name_who_is_superseded_before_anything_changes() {
+        let mut r = Registry::new(HOST, T0);
+        let a = r.create(Some(100), 7, T0);
+        assert_eq!(r.plan_bind(100, 7), BindPlan::Known(a));
+        // nsid 7 now names another netns (inode 200): its holder is gone.
+        assert_eq!(r.plan_bind(200, 7), BindPlan::Create { superseded: vec![a], nsid_was_free: false });
+        // Inode 100 now has nsid 8: the netns that had it is gone.
+        assert_eq!(r.plan_bind(100, 8), BindPlan::Create { superseded: vec![a], nsid_was_free: true });
+        // A record known by nsid only takes the inode; the inode's old
+        // holder is superseded.
+        let b = r.create(None, 9, T0);
+        assert_eq!(r.plan_bind(100, 9), BindPlan::Attach { record: b, superseded: Some(a) });
+        assert_eq!(r.plan_bind(300, 9), BindPlan::Attach { record: b, superseded: None });
+        // Planning changed nothing.
+        assert_eq!((r.by_inode(100), r.by_nsid(7), r.by_nsid(9), r.len()), (Some(a), Some(a), Some(b), 2));
+    }
+
+    #[test]
+    fn a_sweep_of_the_nsid_table_removes_no_netns() {
+        let mut r = Registry::new(HOST, T0);
+        r.create(Some(100), 7, T0);
+        let epoch = r.bump_epoch();
+        r.sweep(NetnsKey::Host, None, Table::Nsids, &HashSet::new(), epoch + 1, true);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.counts.corrections.netns_lost, 0);
+    }
+
+    #[test]
+    fn a_sweep_spares_a_record_that_is_no_longer_the_dumped_netns() {
+        let mut r = Registry::new(HOST, T0);
+        let a = r.create(Some(100), 7, T0);
+        let link = Link {
+            ifindex: 2,
+            name: Some("eth0".into()),
+            kind: None,
+            flags: 0,
+            mac: None,
+            link: None,
+            link_netnsid: None,
+            master: None,
+            target_nsid: None,
+        };
+        r.apply_event(NetnsKey::Record(a), Message::NewLink(link), T0);
+        // A dump aimed at nsid 8 says nothing about the netns with nsid 7.
+        r.sweep(NetnsKey::Record(a), Some(8), Table::Links, &HashSet::new(), 99, true);
+        assert_eq!(r.record(a).map(|n| n.links.len()), Some(1));
+        r.sweep(NetnsKey::Record(a), Some(7), Table::Links, &HashSet::new(), 99, true);
+        assert_eq!(r.record(a).map(|n| n.links.len()), Some(0));
+        assert_eq!(r.counts.corrections.links, 1);
+    }
+}
