@@ -318,3 +318,47 @@ impl Resync {
         scans
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: SystemTime = SystemTime::UNIX_EPOCH;
+
+    #[test]
+    fn a_resync_goes_scan_then_nsid_dump_then_every_table_then_ready() {
+        let mut r = Resync::new();
+        let scan = r.start(false, T0).expect("a scan");
+        assert_eq!(scan.request, ScanRequest { scope: Scope::Full, open_all: true });
+        assert!(r.start(true, T0).is_none(), "a second resync waits for the first");
+        let after = r.scan_finished(scan.generation);
+        assert_eq!(after.dump_nsids, Some(false));
+        let nsids = Dump { target: NetnsKey::Host, table: Table::Nsids, counting: false, for_resync: true };
+        let ResyncStep::DumpAll(dumps) = r.dump_finished(&nsids, T0, || vec![4, 9]) else { panic!("no dumps") };
+        assert_eq!(dumps.len(), 3 + 2 * 2, "host links, addresses, routes; links and addresses of each record");
+        for (i, d) in dumps.iter().enumerate() {
+            let step = r.dump_finished(d, T0, Vec::new);
+            if i + 1 < dumps.len() {
+                assert_eq!(step, ResyncStep::Nothing);
+            } else {
+                assert_eq!(step, ResyncStep::Complete { first: true, again: true });
+            }
+        }
+        assert!(r.is_ready() && !r.in_progress());
+    }
+
+    #[test]
+    fn a_rejected_scan_is_retried_and_a_stuck_resync_starts_over() {
+        let mut r = Resync::new();
+        let scan = r.start(true, T0).expect("a scan");
+        r.scan_rejected(scan.generation);
+        let retried = r.tick(T0, true, || false);
+        assert_eq!(retried.len(), 1);
+        assert!(retried[0].request.open_all && r.counting_scan(), "the retry is the resync's scan");
+        let later = T0 + RESYNC_STUCK + Duration::from_secs(1);
+        assert_eq!(r.scan_finished(retried[0].generation).dump_nsids, Some(true));
+        let restarted = r.tick(later, true, || false);
+        assert_eq!(restarted.iter().map(|s| s.request.open_all).collect::<Vec<_>>(), vec![true]);
+        assert!(r.in_progress() && !r.is_ready());
+    }
+}
