@@ -525,7 +525,7 @@ fn lost_notifications_are_recovered_by_a_resync() {
             match tokio::time::timeout(left, deaths.recv()).await {
                 Ok(Some(d)) => {
                     if let Some(i) = d.inode.filter(|i| inodes.contains(i)) {
-                        assert!(seen.insert(i), "netns {i} reported dead twice");
+                        assert!(seen.insert(i), "netns {i} reported dead twice, the second time: {d:?}");
                     }
                 }
                 other => panic!("{} of {N} deaths seen, then {other:?}", seen.len()),
