@@ -370,12 +370,9 @@ fn decode_route(payload: &[u8]) -> Result<Route, WireError> {
         match RouteAttribute::parse_with_param(&nla?, param).map_err(malformed(WHAT))? {
             RouteAttribute::Destination(RouteAddress::Inet(ip)) => route.dst = Some(ip.into()),
             RouteAttribute::Destination(RouteAddress::Inet6(ip)) => route.dst = Some(ip.into()),
-            RouteAttribute::Destination(_) => {
-                return Err(WireError::Malformed {
-                    what: WHAT,
-                    reason: format!("RTA_DST of address family {}", u8::from(family)),
-                });
-            }
+            // MPLS and other families from an AF_UNSPEC dump: not an IP
+            // route, which the model tells by `family`.
+            RouteAttribute::Destination(_) => {}
             RouteAttribute::Oif(index) => route.oif = Some(index),
             RouteAttribute::Priority(priority) => route.priority = Some(priority),
             RouteAttribute::Table(table) => route.table = table,

@@ -84,6 +84,15 @@ fn routes_decode_the_fields_the_model_reads() {
     // A table past 255 is only in RTA_TABLE.
     let high = Route { table: 1000, family: AF_INET6, dst: Some("fd00::1".parse().unwrap()), dst_len: 128, ..r };
     assert_eq!(one(&fake::route(RTM_DELROUTE, 0, &high)).1, Message::DelRoute(high));
+    // An IPv4 route whose RTA_DST is not 4 bytes.
+    let mut payload = vec![AF_INET, 32, 0, 0, 254, 4, 0, RTN_UNICAST, 0, 0, 0, 0];
+    payload.extend([7, 0, 1, 0, 10, 0, 0, 0]);
+    assert!(matches!(decode_one(&fake::raw(RTM_NEWROUTE, 0, 0, &payload)), Err(WireError::Malformed { .. })));
+    // An MPLS route (AF_MPLS, from an AF_UNSPEC dump) is no IP route.
+    let mut payload = vec![28, 20, 0, 0, 254, 4, 0, RTN_UNICAST, 0, 0, 0, 0];
+    payload.extend([8, 0, 1, 0, 0, 1, 0x41, 0]);
+    let Ok(Message::NewRoute(mpls)) = decode_one(&fake::raw(RTM_NEWROUTE, 0, 0, &payload)) else { panic!("no route") };
+    assert_eq!((mpls.family, mpls.dst), (28, None));
 }
 
 #[test]
