@@ -370,12 +370,11 @@ fn decode_route(payload: &[u8]) -> Result<Route, WireError> {
         match RouteAttribute::parse_with_param(&nla?, param).map_err(malformed(WHAT))? {
             RouteAttribute::Destination(RouteAddress::Inet(ip)) => route.dst = Some(ip.into()),
             RouteAttribute::Destination(RouteAddress::Inet6(ip)) => route.dst = Some(ip.into()),
-            // MPLS and other families from an AF_UNSPEC dump: not an IP
-            // route, which the model tells by `family`.
-            RouteAttribute::Destination(_) => {}
             RouteAttribute::Oif(index) => route.oif = Some(index),
             RouteAttribute::Priority(priority) => route.priority = Some(priority),
             RouteAttribute::Table(table) => route.table = table,
+            // Including an MPLS (or other non-IP) RTA_DST from an AF_UNSPEC
+            // dump: not an IP route, which the model tells by `family`.
             _ => {}
         }
     }
