@@ -14,8 +14,7 @@ use std::{
 
 use netreap::model::{ModelStats, Watcher, WatcherConfig};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use netreap_testkit as support;
 
 use support::net::{ip, ip_batch, plain_nsid_listener};
 

@@ -18,8 +18,7 @@
 
 #![allow(clippy::cast_precision_loss, reason = "counts and KiB shown as f64 are far below 2^52")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use netreap_testkit as support;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},

@@ -8,7 +8,7 @@
 //! orphaned by the orphan grace, their IPs in no live netns. The lock is
 //! held by util-linux's `flock`, a real process, as a stuck plugin would.
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     io::{Read as _, Write as _},

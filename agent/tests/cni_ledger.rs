@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     os::unix::{fs::MetadataExt as _, process::CommandExt as _},

@@ -23,7 +23,7 @@
 //! Needs the image: run through `cargo xtask daemonset-test` (which builds
 //! it with `cargo xtask image`), hence `#[ignore]` under a plain test run.
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     collections::BTreeMap,

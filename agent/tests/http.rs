@@ -4,7 +4,7 @@
 //! both expositions. The server runs on its own `current_thread` runtime,
 //! like the agent's; clients are plain blocking sockets.
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},

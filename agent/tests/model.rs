@@ -8,7 +8,7 @@
     reason = "netns a/b, prefix t and octets x/y read like the ip commands they feed"
 )]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     collections::{BTreeSet, HashSet},

@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     os::unix::{fs::MetadataExt, fs::PermissionsExt, process::CommandExt as _},

@@ -29,7 +29,7 @@ use netreap::{
     release::{Journal, Outcome, Releaser, ReleaserConfig, release_reviewed, scan_report},
 };
 
-mod support;
+use netreap_testkit as support;
 
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 

@@ -158,7 +158,6 @@ impl Lab {
         self.dir.path().join("plugins")
     }
 
-    #[expect(clippy::unused_self, reason = "pods belong to a lab: callers write lab.pod()")]
     pub fn pod(&self) -> Pod {
         let name = unique("nrpod");
         assert!(ip(&["netns", "add", &name]), "create netns {name}");

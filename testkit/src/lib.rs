@@ -1,5 +1,9 @@
-//! Helpers shared by the kernel-facing integration tests.
-#![allow(dead_code, reason = "each test binary uses a subset")]
+//! Test support shared by netreap's integration tests and benchmarks: a
+//! dev-only crate, so each test binary links what it uses and nothing is
+//! compiled twice or marked dead.
+#![expect(clippy::expect_used, reason = "test support: a broken set-up panics with its context")]
+#![expect(clippy::missing_panics_doc, reason = "every helper panics on a broken set-up; that is how tests fail")]
+#![expect(clippy::must_use_candidate, reason = "helpers are called for their effect on the lab as often as for values")]
 
 pub mod agent;
 pub mod containerd;
