@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p netreap --bench netns_death` (root). Not a test: it
 //! prints a table and asserts nothing beyond every death being seen.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
 use std::{
     collections::HashMap,

@@ -15,7 +15,7 @@
 //!    scan + classification in this process, time and peak RSS.
 //! 4. burst: 1,000 namespaces with reservations deleted by one `ip -batch`:
 //!    time until every file is gone; lost records and resyncs.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::cast_precision_loss, reason = "counts and KiB shown as f64 are far below 2^52")]
 
 use netreap_testkit as support;

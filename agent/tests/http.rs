@@ -3,6 +3,7 @@
 //! beyond loopback only when configured, and promtool accepts /metrics in
 //! both expositions. The server runs on its own `current_thread` runtime,
 //! like the agent's; clients are plain blocking sockets.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
 use netreap_testkit as support;
 

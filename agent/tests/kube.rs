@@ -10,7 +10,7 @@
 //! whereabouts allocations are made by a stand-in whereabouts IPAM plugin
 //! run with CNI_* in its environment, so the probes record it like any CNI
 //! plugin run. Every netns and link here starts with `nrK`.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 #![allow(clippy::too_many_lines, reason = "each scenario reads top to bottom")]
 

@@ -2,7 +2,7 @@
 //! deaths. Every netns and link is named with this run's unique prefix and
 //! removed by a guard, and assertions only look at our own namespaces:
 //! other suites create theirs on the same machine at the same time.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![expect(
     clippy::many_single_char_names,
     reason = "netns a/b, prefix t and octets x/y read like the ip commands they feed"

@@ -1,5 +1,5 @@
 //! Real probes in this kernel: namespace creation and CNI plugin runs.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
 use netreap_testkit as support;

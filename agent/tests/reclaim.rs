@@ -3,7 +3,7 @@
 //! the way a runtime does (ADD in order with prevResult, DEL in reverse).
 //! Each test has its own subnet: agents see every netns on the host, and an
 //! address shared across tests would be real evidence of a conflict.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
 use netreap_testkit as support;
