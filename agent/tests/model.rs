@@ -617,7 +617,7 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
 #[ignore = "a measurement: run by hand, root, quiet machine"]
 fn cpu_per_netns_cycle_with_a_large_mount_table() {
     const HELD: usize = 500;
-    const CYCLES: usize = 100;
+    const CYCLES: u32 = 100;
     fn cpu() -> Duration {
         // SAFETY: zeroed rusage is a valid out-buffer.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -652,10 +652,10 @@ fn cpu_per_netns_cycle_with_a_large_mount_table() {
             wait_for_death(&mut deaths, inode, DEATH).await;
             let _ = watcher.snapshot().await.expect("snapshot");
         }
-        let used = cpu() - before;
+        let used = cpu().saturating_sub(before);
         println!(
             "model CPU per netns cycle, {HELD} held namespaces, {CYCLES} cycles: {:.2} ms (wall {:.1} s)",
-            used.as_secs_f64() * 1e3 / CYCLES as f64,
+            used.as_secs_f64() * 1e3 / f64::from(CYCLES),
             wall.elapsed().as_secs_f64()
         );
         watcher.stop().await.expect("clean stop");
