@@ -49,7 +49,8 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<D
     }
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+/// A plain HTTP/1.1 GET: (status, body), or None when the agent does not answer.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
