@@ -308,7 +308,7 @@ mod tests {
     /// c1's reservation of 10.0.0.2 in network n, made at `created_at`.
     fn reservation_of_c1(created_at: SystemTime) -> Reservation {
         Reservation {
-            store: StoreRef::HostLocal { data_dir: "/d".into() },
+            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
             network: "n".into(),
             ip: "10.0.0.2".parse().unwrap(),
             container_id: "c1".into(),
@@ -362,7 +362,7 @@ mod tests {
         assert_eq!(obs.dead[0].container_ids, vec!["c1".to_owned()]);
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     }
 
     /// `ip netns del` unmounted the netns while a plugin held it, and the
@@ -394,7 +394,7 @@ mod tests {
         assert_eq!(cached[0].seen_at, t(10));
         let r = reservation_of_c1(t(12));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     }
 
     /// Issue 10: a live netns netreap cannot open (bind-mounted where its
@@ -428,13 +428,13 @@ mod tests {
         assert_eq!(obs.bindings[0].seen_at, t(3500));
         let r = reservation_of_c1(t(0));
         let verdict = decide_one(&obs, &r, t(3600), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
         // Even with the address gone from view, the binding is not past
         // the orphan grace: netreap looked first 100 s ago.
         let mut no_addr = obs.clone();
         no_addr.live[0].addresses.clear();
         let verdict = decide_one(&no_addr, &r, t(3600), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Pending, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Pending, "{}", verdict.summary());
     }
 
     /// The model learns of a death a little late; a CNI run that names the
@@ -456,7 +456,7 @@ mod tests {
         assert_eq!(ids.len(), 2, "{ids:?}");
         let r = reservation_of_c1(t(20));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
     }
 
     /// Under load the model may never open a short-lived netns: it knows it
@@ -499,6 +499,6 @@ mod tests {
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(13), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     }
 }

@@ -2,6 +2,7 @@
 //! one verdict per reservation, each with the evidence that decided it. No
 //! I/O and no clock here, so every rule can be tested exhaustively.
 
+pub mod claim;
 pub mod decide;
 pub mod index;
 pub mod observations;
@@ -13,6 +14,7 @@ pub mod verdict;
 #[cfg(test)]
 mod tests;
 
+pub use claim::Claim;
 pub use decide::{decide, decide_one};
 pub use observations::{ApiPod, Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations};
 pub use policy::{DEFAULT_IN_FLIGHT_GRACE, DEFAULT_ORPHAN_GRACE, Policy};

@@ -11,7 +11,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::{cnicache::CachedAttachment, timefmt};
+use crate::timefmt;
 
 pub use crate::identity::NetnsId;
 
@@ -185,22 +185,6 @@ pub struct Observations {
     /// state dir): the same holds for reservations made inside them.
     #[serde(default)]
     pub watched_before: Vec<(SystemTime, SystemTime)>,
-}
-
-impl Observations {
-    /// Adds a binding per cache entry that names a netns path.
-    pub fn add_cached_attachments(&mut self, attachments: &[CachedAttachment]) {
-        for a in attachments {
-            if let Some(netns) = &a.netns {
-                self.bindings.push(Binding {
-                    container_id: a.container_id.clone(),
-                    netns: NetnsRef::Path(PathBuf::from(netns)),
-                    source: BindingSource::CniCache,
-                    seen_at: a.written_at,
-                });
-            }
-        }
-    }
 }
 
 /// `/var/run` is a symlink to `/run` on every current distribution, and

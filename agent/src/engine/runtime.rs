@@ -20,12 +20,13 @@ use std::{collections::BTreeMap, fmt, path::PathBuf, time::SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::{
+    claim::Claim,
     decide::CLOCK_SLACK,
     index::Index,
     observations::{NetnsId, NetnsRef, Observations},
     verdict::Fact,
 };
-use crate::ipam::{Reservation, timefmt};
+use crate::timefmt;
 
 /// CRI `PodSandboxState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -233,10 +234,10 @@ pub(crate) fn keep_facts(ix: &Index<'_>, cid: &str) -> Vec<Fact> {
 
 /// What the runtime adds to an orphaned verdict: how it lists the sandbox,
 /// or that it could not be asked.
-pub(crate) fn release_facts(ix: &Index<'_>, r: &Reservation) -> Vec<Fact> {
+pub(crate) fn release_facts(ix: &Index<'_>, r: &impl Claim) -> Vec<Fact> {
     let obs = ix.obs;
-    let pod = || obs.runtime.as_ref().and_then(|v| v.pod_of(&r.container_id)).cloned();
-    match word(ix, &r.container_id) {
+    let pod = || obs.runtime.as_ref().and_then(|v| v.pod_of(r.container_id())).cloned();
+    match word(ix, r.container_id()) {
         Word::Gone => vec![Fact::Runtime(RuntimeFact::SandboxGone { pod: pod() })],
         Word::Closed(s) => {
             vec![Fact::Runtime(RuntimeFact::SandboxNetnsClosed { pod: s.pod.clone(), netns: s.netns.clone() })]
@@ -257,12 +258,12 @@ pub(crate) fn release_facts(ix: &Index<'_>, r: &Reservation) -> Vec<Fact> {
 /// runtime is done with the sandbox (not listed, or NOTREADY with its netns
 /// closed and no live netns at its path), it listed after the reservation
 /// was made, and the reservation's network is one the runtime uses.
-pub(crate) fn says_gone(ix: &Index<'_>, r: &Reservation) -> Option<Vec<Fact>> {
+pub(crate) fn says_gone(ix: &Index<'_>, r: &impl Claim) -> Option<Vec<Fact>> {
     let view = ix.obs.runtime.as_ref()?;
-    if r.created_at + CLOCK_SLACK > view.listed_at || !view.judges_network(&r.network) {
+    if r.reserved_at() + CLOCK_SLACK > view.listed_at || !view.judges_network(r.network()) {
         return None;
     }
-    match word(ix, &r.container_id) {
+    match word(ix, r.container_id()) {
         Word::Gone | Word::Closed(_) => Some(vec![Fact::Runtime(RuntimeFact::GoneWithItsNetns)]),
         _ => None,
     }

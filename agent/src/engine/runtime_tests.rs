@@ -35,7 +35,7 @@ fn ip(s: &str) -> IpAddr {
 
 fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
     Reservation {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
         network: "net1".into(),
         ip: ip(addr),
         container_id: cid.into(),
@@ -98,8 +98,8 @@ fn a_ready_sandbox_keeps_its_reservations_and_names_its_pod() {
     let obs =
         with_runtime(Observations::default(), Some(view(vec![sandbox("c1", SandboxState::Ready, None, None)], now())));
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
-    assert!(v.summary.contains("pod default/pod-c1"), "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
+    assert!(v.summary().contains("pod default/pod-c1"), "{}", v.summary());
 }
 
 #[test]
@@ -109,7 +109,7 @@ fn a_notready_sandbox_with_its_netns_alive_is_kept_and_stuck() {
     let said = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(false));
     let obs = with_runtime(Observations::default(), Some(view(vec![said], now())));
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::Runtime(RuntimeFact::SandboxStuck { .. }))));
     assert_eq!(stuck_sandboxes(&obs).len(), 1);
     // ... or by the kernel's (a live netns at its path), whatever it says.
@@ -117,7 +117,7 @@ fn a_notready_sandbox_with_its_netns_alive_is_kept_and_stuck() {
     let kernel = Observations { live: vec![live_at(5, "/run/netns/cni-1", &[])], ..Default::default() };
     let obs = with_runtime(kernel, Some(view(vec![closed], now())));
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
     let stuck = stuck_sandboxes(&obs);
     assert_eq!(stuck[0].live, Some(NetnsId::new(Some(5), Some(1), None)));
     assert!(stuck[0].to_string().contains("stuck"), "{}", stuck[0]);
@@ -128,15 +128,15 @@ fn gone_from_the_runtime_and_bound_nowhere_needs_no_orphan_grace() {
     // 100 s old: past the in-flight grace (30 s), far from the orphan grace (10 min).
     let r = res("c1", "10.0.0.2", t(NOW_SECS - 100));
     let kernel_only = one(&Observations::default(), &r);
-    assert_eq!(kernel_only.status, Status::Pending, "{}", kernel_only.summary);
+    assert_eq!(kernel_only.status, Status::Pending, "{}", kernel_only.summary());
 
     let mut v = view(vec![], now());
     v.departed.insert("c1".into(), pod("web"));
     let obs = with_runtime(Observations::default(), Some(v));
     let verdict = one(&obs, &r);
-    assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+    assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     assert!(has(&verdict, |f| matches!(f, Fact::Runtime(RuntimeFact::GoneWithItsNetns))));
-    assert!(verdict.summary.contains("does not list its sandbox (pod default/web)"), "{}", verdict.summary);
+    assert!(verdict.summary().contains("does not list its sandbox (pod default/web)"), "{}", verdict.summary());
 
     // NOTREADY with its netns closed: the same.
     let closed = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(true));
@@ -341,7 +341,7 @@ fn kernel_holds(obs: &Observations, r: &Reservation, policy: &Policy) -> bool {
         .cni_ops
         .iter()
         .any(|op| op.finished_at.is_none() && op.container_id.as_ref().is_none_or(|c| *c == r.container_id));
-    let bound_live = obs.live.iter().any(|n| n.container_ids.contains(&r.container_id))
+    let bound_live = obs.live.iter().any(|n| n.container_ids.iter().any(|c| *c == r.container_id))
         || obs.bindings.iter().filter(|b| b.container_id == r.container_id).any(|b| {
             obs.live.iter().any(|n| match &b.netns {
                 NetnsRef::Id(id) => n.id.may_be(id),
@@ -365,11 +365,11 @@ proptest! {
     /// READY keeps every reservation of its ID.
     #[test]
     fn ready_keeps(obs in kernel_observations(), v in a_view(), r in a_reservation(), policy in a_policy()) {
-        let ready = v.sandboxes.get(&r.container_id).is_some_and(|s| s.state == SandboxState::Ready);
+        let ready = v.sandboxes.get(r.container_id.as_str()).is_some_and(|s| s.state == SandboxState::Ready);
         let obs = with_runtime(obs, Some(v));
         let verdict = decide_one(&obs, &r, now(), &policy);
         if ready {
-            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
         }
     }
 
@@ -392,9 +392,9 @@ proptest! {
             let expect = s.state == SandboxState::NotReady && netns_alive(s);
             prop_assert_eq!(stuck.iter().any(|x| x.id == s.id), expect, "{:?}", s);
         }
-        if view.sandboxes.get(&r.container_id).is_some_and(|s| s.state == SandboxState::NotReady && netns_alive(s)) {
+        if view.sandboxes.get(r.container_id.as_str()).is_some_and(|s| s.state == SandboxState::NotReady && netns_alive(s)) {
             let verdict = decide_one(&obs, &r, now(), &policy);
-            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
         }
     }
 
@@ -408,7 +408,7 @@ proptest! {
         let obs = with_runtime(obs, Some(v));
         let verdict = decide_one(&obs, &r, now(), &policy);
         if holds {
-            prop_assert_ne!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+            prop_assert_ne!(verdict.status, Status::Orphaned, "{}", verdict.summary());
         }
     }
 
@@ -431,14 +431,14 @@ proptest! {
         obs in kernel_observations(), v in a_view(), r in a_reservation(), policy in a_policy()
     ) {
         let kernel = decide_one(&obs, &r, now(), &policy);
-        let listed = v.sandboxes.get(&r.container_id).cloned();
-        let judges = v.networks.as_ref().is_none_or(|n| n.contains(&r.network));
+        let listed = v.sandboxes.get(r.container_id.as_str()).cloned();
+        let judges = v.networks.as_ref().is_none_or(|n| n.iter().any(|x| *x == r.network));
         let after_reservation = r.created_at + CLOCK_SLACK <= v.listed_at;
         let obs = with_runtime(obs, Some(v));
         let verdict = decide_one(&obs, &r, now(), &policy);
         if verdict.status == Status::Orphaned && kernel.status != Status::Orphaned {
             let done = listed.is_none_or(|s| s.state == SandboxState::NotReady && s.netns_closed == Some(true));
-            prop_assert!(done && judges && after_reservation, "{}", verdict.summary);
+            prop_assert!(done && judges && after_reservation, "{}", verdict.summary());
             prop_assert!(has(&verdict, |f| matches!(f, Fact::Runtime(RuntimeFact::GoneWithItsNetns))));
             prop_assert!(has(&verdict, |f| matches!(f, Fact::IpInNoLiveNetns)));
         }
@@ -449,7 +449,7 @@ proptest! {
                 f,
                 Fact::Runtime(RuntimeFact::SandboxReady { .. } | RuntimeFact::SandboxStuck { .. })
             ));
-            prop_assert!(verdict.status == Status::Orphaned || keeps, "{}", verdict.summary);
+            prop_assert!(verdict.status == Status::Orphaned || keeps, "{}", verdict.summary());
         }
     }
 }

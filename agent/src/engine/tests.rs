@@ -28,7 +28,7 @@ fn ip(s: &str) -> IpAddr {
 
 fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
     Reservation {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
         network: "net1".into(),
         ip: ip(addr),
         container_id: cid.into(),
@@ -201,7 +201,7 @@ fn runtime_and_api_only_add_reasons_to_keep() {
     };
     let v = one(&api, &r);
     assert_eq!(v.status, Status::InUse);
-    assert!(v.summary.contains("pod ns/p"));
+    assert!(v.summary().contains("pod ns/p"));
     let unrelated = Observations { runtime_sandboxes: Some(vec!["c9".into()]), api_pods: Some(vec![]), ..base };
     let v = one(&unrelated, &r);
     assert_eq!(v.status, Status::Orphaned);
@@ -224,7 +224,7 @@ fn a_pending_pod_named_by_a_cni_run_keeps_its_containers_reservations() {
     };
     let with = |p: ApiPod| Observations { api_pods: Some(vec![p]), ..base.clone() };
     let v = one(&with(pod(true, &["c1"])), &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::ApiPendingPodNamedByCniRun { name, .. } if name == "p")));
     assert_eq!(one(&with(pod(false, &["c1"])), &r).status, Status::Orphaned);
     assert_eq!(one(&with(pod(true, &["c2"])), &r).status, Status::Orphaned);
@@ -239,7 +239,7 @@ fn bound_netns_seen_to_die_is_orphaned_without_waiting_for_the_orphan_grace() {
         ..Default::default()
     };
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::Orphaned, "{}", v.summary);
+    assert_eq!(v.status, Status::Orphaned, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { .. })));
     assert!(has(&v, |f| matches!(f, Fact::IpInNoLiveNetns)));
 }
@@ -311,7 +311,7 @@ fn a_reused_inode_is_told_apart_by_nsid_and_time() {
         ..reused
     };
     let v = one(&later, &r);
-    assert_eq!(v.status, Status::Pending, "{}", v.summary);
+    assert_eq!(v.status, Status::Pending, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::UnresolvedBinding { .. })));
 }
 
@@ -321,7 +321,7 @@ fn a_netns_that_died_before_the_reservation_is_not_its_death() {
     let obs =
         Observations { dead: vec![dead(id(5, 1), now() - Duration::from_mins(5), &["c1"], &[])], ..Default::default() };
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::Pending, "{}", v.summary);
+    assert_eq!(v.status, Status::Pending, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDiedBeforeReservation { .. })));
     // Within the clock slack the order of the two clocks is not trusted.
     let close =
@@ -515,7 +515,7 @@ fn op_in_flight(obs: &Observations, r: &Reservation) -> bool {
     obs.cni_ops.iter().any(|op| op.finished_at.is_none() && op.container_id.as_deref() == Some(r.container_id.as_str()))
 }
 fn bound_netns_alive(obs: &Observations, r: &Reservation) -> bool {
-    let by_model = obs.live.iter().any(|n| n.container_ids.contains(&r.container_id));
+    let by_model = obs.live.iter().any(|n| n.container_ids.iter().any(|c| *c == r.container_id));
     let by_binding = obs.bindings.iter().filter(|b| b.container_id == r.container_id).any(|b| {
         obs.live.iter().any(|n| match &b.netns {
             NetnsRef::Id(id) => n.id == *id,
@@ -532,16 +532,16 @@ proptest! {
     fn live_evidence_is_never_orphaned(obs in observations(), r in a_reservation(), policy in a_policy()) {
         let v = decide_one(&obs, &r, now(), &policy);
         if ip_in_live_netns(&obs, &r) {
-            prop_assert_ne!(v.status, Status::Orphaned, "IP configured in a live netns: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "IP configured in a live netns: {}", v.summary());
         }
         if op_in_flight(&obs, &r) {
-            prop_assert_ne!(v.status, Status::Orphaned, "CNI op in flight: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "CNI op in flight: {}", v.summary());
         }
         if bound_netns_alive(&obs, &r) {
-            prop_assert_ne!(v.status, Status::Orphaned, "bound netns alive: {}", v.summary);
-            prop_assert_eq!(v.status, Status::InUse, "bound netns alive: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "bound netns alive: {}", v.summary());
+            prop_assert_eq!(v.status, Status::InUse, "bound netns alive: {}", v.summary());
         }
-        if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.contains(&r.container_id)) {
+        if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.iter().any(|c| *c == r.container_id)) {
             prop_assert_eq!(v.status, Status::InUse);
         }
         let watched = obs.watching_since.is_some_and(|since| {
@@ -552,7 +552,7 @@ proptest! {
             })
         });
         if !watched && now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace) {
-            prop_assert_ne!(v.status, Status::Orphaned, "young and not watched: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "young and not watched: {}", v.summary());
         }
     }
 
@@ -564,9 +564,9 @@ proptest! {
                 f,
                 Fact::BoundNetnsDied { .. } | Fact::NeverSeenBound { .. } | Fact::NoLiveBindingPastGrace { .. }
             ));
-            prop_assert!(death, "orphaned without a death or grace: {}", v.summary);
+            prop_assert!(death, "orphaned without a death or grace: {}", v.summary());
             let no_ip = has(&v, |f| matches!(f, Fact::IpInNoLiveNetns));
-            prop_assert!(no_ip, "orphaned without IpInNoLiveNetns: {}", v.summary);
+            prop_assert!(no_ip, "orphaned without IpInNoLiveNetns: {}", v.summary());
         }
         prop_assert!(!v.evidence.is_empty());
     }

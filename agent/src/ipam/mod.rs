@@ -9,16 +9,20 @@
 pub mod cnicache;
 pub mod hostlocal;
 pub(crate) mod safefs;
-pub mod timefmt;
+pub mod shared;
 
 use std::{
     fmt,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
 use serde::{Deserialize, Serialize};
+pub use shared::SharedStr;
+
+use crate::timefmt;
 
 /// Which store a reservation or anomaly belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -59,15 +63,17 @@ impl fmt::Display for Owner {
     }
 }
 
-/// One IP reserved in one store for one container.
+/// One IP reserved in one store for one container. Compact: the store,
+/// network, container ID and ifname are shared with every other reservation
+/// that names them (a node holds one per pod and network).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Reservation {
-    pub store: StoreRef,
-    pub network: String,
+    pub store: Arc<StoreRef>,
+    pub network: SharedStr,
     pub ip: IpAddr,
-    pub container_id: String,
+    pub container_id: SharedStr,
     /// None for legacy files (only the container ID).
-    pub ifname: Option<String>,
+    pub ifname: Option<SharedStr>,
     /// The file's mtime: host-local writes it once, when it reserves.
     #[serde(with = "timefmt::rfc3339")]
     pub created_at: SystemTime,
@@ -81,7 +87,34 @@ pub struct Reservation {
 impl Reservation {
     #[must_use]
     pub fn owner(&self) -> Owner {
-        Owner { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
+        Owner { container_id: self.container_id.to_string(), ifname: self.ifname.as_ref().map(ToString::to_string) }
+    }
+}
+
+/// What the engine judges of a reservation.
+impl crate::engine::Claim for Reservation {
+    fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    fn container_id(&self) -> &str {
+        &self.container_id
+    }
+
+    fn network(&self) -> &str {
+        &self.network
+    }
+
+    fn reserved_at(&self) -> SystemTime {
+        self.created_at
+    }
+}
+
+/// "net1 10.0.0.2 (c1 of host-local /var/lib/cni/networks)": how verdict
+/// summaries name it.
+impl fmt::Display for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} ({} of {})", self.network, self.ip, self.container_id, self.store)
     }
 }
 

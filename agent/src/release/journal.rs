@@ -29,10 +29,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::outcome::Outcome;
-use crate::{
-    engine::Verdict,
-    ipam::{safefs::FlockGuard, timefmt},
-};
+use crate::{engine::Verdict, ipam::safefs::FlockGuard, timefmt};
 
 /// Default state dir (`--state-dir`).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/netreap";

@@ -38,7 +38,7 @@ struct Identity {
 impl Identity {
     fn of(v: &Verdict) -> Self {
         let r = &v.reservation;
-        Self { container_id: r.container_id.clone(), inode: r.inode, created_at: r.created_at }
+        Self { container_id: r.container_id.to_string(), inode: r.inode, created_at: r.created_at }
     }
 }
 
@@ -173,7 +173,7 @@ mod tests {
     fn verdict(ip: &str, container: &str, status: Status) -> Verdict {
         let ip: IpAddr = ip.parse().expect("test IP");
         let reservation = Reservation {
-            store: StoreRef::HostLocal { data_dir: PathBuf::from("/d") },
+            store: StoreRef::HostLocal { data_dir: PathBuf::from("/d") }.into(),
             network: "n".into(),
             ip,
             container_id: container.into(),
@@ -182,7 +182,7 @@ mod tests {
             created_at: SystemTime::UNIX_EPOCH,
             inode: 7,
         };
-        Verdict { reservation, status, summary: String::new(), evidence: Vec::new() }
+        Verdict { reservation, status, evidence: Vec::new() }
     }
 
     fn record(v: &Verdict, outcome: Outcome) -> ReleaseRecord {
