@@ -47,7 +47,7 @@ pub fn death_time(v: &Verdict) -> Option<SystemTime> {
 }
 
 pub fn release_reason(v: &Verdict) -> &'static str {
-    let runtime_gone = || v.evidence.iter().any(|e| matches!(e.fact, Fact::Runtime(RuntimeFact::GoneWithItsNetns)));
+    let runtime_gone = || v.evidence.iter().any(|e| matches!(e.fact.runtime(), Some(RuntimeFact::GoneWithItsNetns)));
     if death_time(v).is_some() {
         "netns_died"
     } else if runtime_gone() {

@@ -9,14 +9,17 @@
 //! its IP is in no live netns. An IP configured in a live netns of another
 //! container while the owner is dead is a CONFLICT: reported, never released.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use super::{
     claim::Claim,
     index::Index,
     observations::{DeadNetns, LiveNetns, Observations},
     policy::Policy,
-    verdict::{Fact, Status, Verdict, Via},
+    verdict::{BoundBy, Fact, Status, Verdict},
 };
 
 /// How far apart two wall-clock times from different sources (a death
@@ -42,8 +45,8 @@ pub fn decide<R: Claim + Clone>(
 
 /// Where a container's netns stands, from one piece of evidence.
 enum Link<'a> {
-    Live(&'a LiveNetns, Via),
-    Dead(&'a DeadNetns, Via),
+    Live(&'a LiveNetns, BoundBy),
+    Dead(&'a DeadNetns, BoundBy),
     /// Bound to something neither known live nor seen to die.
     Unresolved(Fact, SystemTime),
 }
@@ -52,27 +55,27 @@ enum Link<'a> {
 fn links<'a>(ix: &Index<'a>, r: &impl Claim) -> Vec<Link<'a>> {
     let cid = r.container_id();
     let mut out = Vec::new();
-    for b in ix.bindings_of(cid) {
-        let via = Via::Binding { source: b.source, netns: b.netns.clone() };
+    for (b, name) in ix.bindings_of_shared(cid) {
+        let via = BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
         if let Some(live) = ix.live_matching(&b.netns) {
             out.push(Link::Live(live, via));
         } else if let Some(dead) = ix.dead_matching(&b.netns, b.seen_at) {
             out.push(Link::Dead(dead, via));
         } else {
-            let fact = Fact::UnresolvedBinding { netns: b.netns.clone(), source: b.source, seen_at: b.seen_at };
+            let fact = Fact::UnresolvedBinding { netns: name, source: b.source, seen_at: b.seen_at };
             out.push(Link::Unresolved(fact, b.seen_at));
         }
     }
     for live in ix.live_of_container(cid) {
-        out.push(Link::Live(live, Via::Model));
+        out.push(Link::Live(live, BoundBy::Model));
     }
     for (dead, own) in ix.dead_of_container_or_ip(cid, r.ip()) {
         if own {
-            out.push(Link::Dead(dead, Via::Model));
+            out.push(Link::Dead(dead, BoundBy::Model));
         } else if dead.died_at >= r.reserved_at() {
             // Held this reservation's IP after it was made and belonged to
             // no other known container: the reservation's netns.
-            out.push(Link::Dead(dead, Via::Address));
+            out.push(Link::Dead(dead, BoundBy::Address));
         }
     }
     out
@@ -98,16 +101,12 @@ fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, poli
     let mut ip_elsewhere = Vec::new();
     let mut ip_with_another_container = false;
 
-    for n in ix.live_holding(r.ip()) {
-        if n.container_ids.iter().any(|c| c == cid) {
-            in_use.push(Fact::IpInOwnLiveNetns { netns: n.id, paths: n.paths.clone() });
+    for n in ix.live_holding_shared(r.ip()) {
+        if n.containers.iter().any(|c| c == cid) {
+            in_use.push(Fact::IpInOwnLiveNetns { netns: n.netns.id, paths: n.paths });
         } else {
-            ip_with_another_container |= !n.container_ids.is_empty();
-            ip_elsewhere.push(Fact::IpInOtherLiveNetns {
-                netns: n.id,
-                containers: n.container_ids.clone(),
-                paths: n.paths.clone(),
-            });
+            ip_with_another_container |= !n.containers.is_empty();
+            ip_elsewhere.push(Fact::IpInOtherLiveNetns { netns: n.netns.id, containers: n.containers, paths: n.paths });
         }
     }
 
@@ -132,9 +131,9 @@ fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, poli
 
     for op in ix.ops_concerning(cid).into_iter().filter(|op| op.in_flight()) {
         pending.push(Fact::CniOpInFlight {
-            container_id: op.container_id.clone(),
-            command: op.command.clone(),
-            plugin: op.plugin.clone(),
+            container_id: op.container_id.as_deref().map(Box::from),
+            command: op.command.as_str().into(),
+            plugin: op.plugin.as_str().into(),
             started_at: op.started_at,
         });
     }

@@ -56,7 +56,7 @@ impl Default for DeadNetns {
 /// How a binding names its netns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum NetnsRef {
+pub enum NetnsName {
     /// Resolved when it was seen (stat of `CNI_NETNS` while the netns lived).
     Id(NetnsId),
     /// Only a path (`CNI_NETNS`, the cache's `netns`), matched against the
@@ -64,7 +64,7 @@ pub enum NetnsRef {
     Path(PathBuf),
 }
 
-impl std::fmt::Display for NetnsRef {
+impl std::fmt::Display for NetnsName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Id(id) => id.fmt(f),
@@ -99,7 +99,7 @@ impl std::fmt::Display for BindingSource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Binding {
     pub container_id: String,
-    pub netns: NetnsRef,
+    pub netns: NetnsName,
     pub source: BindingSource,
     #[serde(with = "timefmt::rfc3339")]
     pub seen_at: SystemTime,

@@ -4,13 +4,14 @@
 use std::{
     fmt,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use serde::{Deserialize, Serialize};
 
 use super::claim::Claim;
-use super::observations::{BindingSource, NetnsId, NetnsRef};
+use super::observations::{BindingSource, NetnsId, NetnsName};
 use crate::{ipam::Reservation, timefmt};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -38,19 +39,21 @@ impl fmt::Display for Status {
     }
 }
 
-/// How a container came to be tied to a netns.
+/// How a container came to be tied to a netns (not how a task entered
+/// one, which is `kernel::events::NetnsVia`). Written as `via` in facts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Via {
-    /// A binding (CNI run, cache entry, runtime).
-    Binding { source: BindingSource, netns: NetnsRef },
+pub enum BoundBy {
+    /// A binding (CNI run, cache entry, runtime). The name is shared with
+    /// every verdict that cites the same binding.
+    Binding { source: BindingSource, netns: Arc<NetnsName> },
     /// The model lists the container on the netns.
     Model,
     /// The reservation's IP was configured in that netns.
     Address,
 }
 
-impl fmt::Display for Via {
+impl fmt::Display for BoundBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Binding { source: BindingSource::CniExec, netns } => write!(f, "CNI_NETNS {netns} of a CNI run"),
@@ -62,30 +65,32 @@ impl fmt::Display for Via {
     }
 }
 
-/// One fact the engine relied on.
+/// One fact the engine relied on. Kept small (every verdict holds a few):
+/// lists of paths and containers are shared with the netns they describe,
+/// the rare large payloads are boxed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "fact", rename_all = "snake_case")]
 pub enum Fact {
     /// The IP is configured in a live netns of its own container.
     IpInOwnLiveNetns {
         netns: NetnsId,
-        paths: Vec<PathBuf>,
+        paths: Arc<[PathBuf]>,
     },
     /// The IP is configured in a live netns whose containers are unknown or
     /// others than the reservation's.
     IpInOtherLiveNetns {
         netns: NetnsId,
-        containers: Vec<String>,
-        paths: Vec<PathBuf>,
+        containers: Arc<[String]>,
+        paths: Arc<[PathBuf]>,
     },
     BoundToLiveNetns {
         netns: NetnsId,
-        via: Via,
+        via: BoundBy,
     },
     CniOpInFlight {
-        container_id: Option<String>,
-        command: String,
-        plugin: String,
+        container_id: Option<Box<str>>,
+        command: Box<str>,
+        plugin: Box<str>,
         #[serde(with = "timefmt::rfc3339")]
         started_at: SystemTime,
     },
@@ -115,7 +120,7 @@ pub enum Fact {
     },
     /// A binding whose netns is neither known live nor seen to die.
     UnresolvedBinding {
-        netns: NetnsRef,
+        netns: Arc<NetnsName>,
         source: BindingSource,
         #[serde(with = "timefmt::rfc3339")]
         seen_at: SystemTime,
@@ -124,7 +129,7 @@ pub enum Fact {
         netns: NetnsId,
         #[serde(with = "timefmt::rfc3339")]
         died_at: SystemTime,
-        via: Via,
+        via: BoundBy,
     },
     /// Its container's netns died before the reservation was made: the
     /// reservation belongs to a later netns nobody has seen.
@@ -132,7 +137,7 @@ pub enum Fact {
         netns: NetnsId,
         #[serde(with = "timefmt::rfc3339")]
         died_at: SystemTime,
-        via: Via,
+        via: BoundBy,
     },
     NeverSeenBound {
         #[serde(with = "timefmt::duration")]
@@ -152,11 +157,28 @@ pub enum Fact {
     NoCniOpInFlight,
     RuntimeDoesNotListSandbox,
     /// What the container runtime says (engine/runtime.rs).
-    Runtime(super::runtime::RuntimeFact),
+    Runtime(Box<super::runtime::RuntimeFact>),
     /// An optional source was not available to check.
     SourceUnavailable {
         source: String,
     },
+}
+
+impl From<super::runtime::RuntimeFact> for Fact {
+    fn from(fact: super::runtime::RuntimeFact) -> Self {
+        Self::Runtime(Box::new(fact))
+    }
+}
+
+impl Fact {
+    /// The runtime's word, when this fact is one.
+    #[must_use]
+    pub fn runtime(&self) -> Option<&super::runtime::RuntimeFact> {
+        match self {
+            Self::Runtime(fact) => Some(fact),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Fact {
@@ -294,7 +316,9 @@ pub struct Verdict<R = Reservation> {
 
 impl<R: Claim + Clone> Verdict<R> {
     pub(crate) fn new(reservation: &R, status: Status, facts: Vec<Fact>) -> Self {
-        let evidence: Vec<Evidence> = facts.into_iter().map(Evidence::from).collect();
+        let mut evidence: Vec<Evidence> = facts.into_iter().map(Evidence::from).collect();
+        // Kept for as long as the verdict is: no spare capacity.
+        evidence.shrink_to_fit();
         Self { reservation: reservation.clone(), status, evidence }
     }
 }

@@ -21,7 +21,7 @@ use super::{
     safefs::{self, Bounded, Dir},
 };
 use crate::{
-    engine::{Binding, BindingSource, NetnsRef},
+    engine::{Binding, BindingSource, NetnsName},
     timefmt,
 };
 
@@ -56,7 +56,7 @@ impl CachedAttachment {
         let netns = self.netns.as_ref()?;
         Some(Binding {
             container_id: self.container_id.clone(),
-            netns: NetnsRef::Path(PathBuf::from(netns)),
+            netns: NetnsName::Path(PathBuf::from(netns)),
             source: BindingSource::CniCache,
             seen_at: self.written_at,
         })

@@ -14,7 +14,8 @@ use std::{
 };
 
 use super::{
-    Anomaly, AnomalyKind, Owner, Reservation, ReservationStore, StoreRef, StoreScan, is_printable_text,
+    Anomaly, AnomalyKind, Owner, Reservation, ReservationData, ReservationStore, StoreRef, StoreScan,
+    is_printable_text,
     safefs::{self, Dir},
     shared::Interner,
 };
@@ -228,7 +229,7 @@ impl HostLocalStore {
                 }
             };
             match read_owner_into(&dir, name, &mut scratch) {
-                Ok(Some(((id, ifname), meta))) => out.reservations.push(Reservation {
+                Ok(Some(((id, ifname), meta))) => out.reservations.push(Reservation::from(ReservationData {
                     store: Arc::clone(store),
                     network: network_name.clone(),
                     ip,
@@ -237,7 +238,7 @@ impl HostLocalStore {
                     created_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
                     path: entry.path(),
                     inode: meta.ino(),
-                }),
+                })),
                 // Released by the plugin between listing and reading.
                 Ok(None) => {}
                 Err((kind, detail)) => out.anomalies.push(anomaly(&entry.path(), kind, detail)),

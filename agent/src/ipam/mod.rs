@@ -63,11 +63,20 @@ impl fmt::Display for Owner {
     }
 }
 
-/// One IP reserved in one store for one container. Compact: the store,
-/// network, container ID and ifname are shared with every other reservation
-/// that names them (a node holds one per pod and network).
+/// One IP reserved in one store for one container. A handle: clones share
+/// one [`ReservationData`] (a verdict, an intent and a retry entry all hold
+/// the reservation they are about, and a node has one per pod and network).
+/// Reads as its fields (`r.ip`); writing a field (tests forging one) copies
+/// it first if it is shared.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Reservation(Arc<ReservationData>);
+
+/// What a store records for one reservation. Compact: the store, network,
+/// container ID and ifname are shared with every other reservation that
+/// names them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reservation {
+pub struct ReservationData {
     pub store: Arc<StoreRef>,
     pub network: SharedStr,
     pub ip: IpAddr,
@@ -82,6 +91,32 @@ pub struct Reservation {
     /// unchanged, so a file deleted and re-created in between (even for the
     /// same owner) is never removed on the strength of an older decision.
     pub inode: u64,
+}
+
+impl From<ReservationData> for Reservation {
+    fn from(data: ReservationData) -> Self {
+        Self(Arc::new(data))
+    }
+}
+
+impl std::ops::Deref for Reservation {
+    type Target = ReservationData;
+
+    fn deref(&self) -> &ReservationData {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reservation {
+    fn deref_mut(&mut self) -> &mut ReservationData {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 impl Reservation {

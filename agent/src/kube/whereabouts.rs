@@ -26,7 +26,7 @@ use serde_json::json;
 use super::{KubeError, timed};
 use crate::{
     engine::{Status, Verdict},
-    ipam::{Anomaly, AnomalyKind, Reservation, StoreRef, StoreScan},
+    ipam::{Anomaly, AnomalyKind, Reservation, ReservationData, StoreRef, StoreScan},
     release::{
         Outcome,
         lastlook::{LastLook, LookFound},
@@ -255,7 +255,7 @@ pub fn scan_pools(pools: &[IpPool], made_here: impl Fn(&str) -> Option<SystemTim
             if let Some((ns, pod)) = alloc.podref.split_once('/') {
                 out.pods.insert(alloc.id.clone(), (ns.to_owned(), pod.to_owned()));
             }
-            out.scan.reservations.push(Reservation {
+            out.scan.reservations.push(Reservation::from(ReservationData {
                 store: store.clone(),
                 network: name.as_str().into(),
                 ip,
@@ -264,7 +264,7 @@ pub fn scan_pools(pools: &[IpPool], made_here: impl Fn(&str) -> Option<SystemTim
                 created_at,
                 path,
                 inode: 0,
-            });
+            }));
         }
     }
     out

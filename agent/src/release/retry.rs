@@ -167,12 +167,12 @@ mod tests {
     use super::*;
     use crate::{
         engine::Status,
-        ipam::{Reservation, StoreRef},
+        ipam::{Reservation, ReservationData, StoreRef},
     };
 
     fn verdict(ip: &str, container: &str, status: Status) -> Verdict {
         let ip: IpAddr = ip.parse().expect("test IP");
-        let reservation = Reservation {
+        let reservation = Reservation::from(ReservationData {
             store: StoreRef::HostLocal { data_dir: PathBuf::from("/d") }.into(),
             network: "n".into(),
             ip,
@@ -181,7 +181,7 @@ mod tests {
             path: Path::new("/d/n").join(ip.to_string()),
             created_at: SystemTime::UNIX_EPOCH,
             inode: 7,
-        };
+        });
         Verdict { reservation, status, evidence: Vec::new() }
     }
 
