@@ -230,6 +230,31 @@ fn a_pending_pod_named_by_a_cni_run_keeps_its_containers_reservations() {
     assert_eq!(one(&with(pod(true, &["c2"])), &r).status, Status::Orphaned);
 }
 
+/// Sentences are rendered when read, not stored: the JSON still carries
+/// each fact's `text` and the verdict's `summary`, exactly as the sentences
+/// read, and reads back to the same verdict.
+#[test]
+fn verdict_json_carries_rendered_sentences_and_reads_back() {
+    let r = res("c1", "10.0.0.2", now() - Duration::from_secs(40));
+    let obs = Observations {
+        live: vec![live(id(6, 2), &["c2"], &["10.0.0.3"], &["/run/netns/cni-2"])],
+        dead: vec![dead(id(5, 1), now() - Duration::from_secs(1), &[], &[])],
+        bindings: vec![bind("c1", NetnsName::Id(id(5, 1)), now() - Duration::from_secs(40))],
+        ..Default::default()
+    };
+    let v = one(&obs, &r);
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json["summary"], v.summary());
+    assert!(v.summary().starts_with("net1 10.0.0.2 (c1 of host-local /var/lib/cni/networks): orphaned: its netns"));
+    let texts: Vec<&str> = json["evidence"].as_array().unwrap().iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, v.evidence_text());
+    assert_eq!(json["evidence"][0]["fact"], "bound_netns_died");
+    assert_eq!(json["evidence"][0]["via"]["binding"]["source"], "cni_exec");
+    assert_eq!(json["reservation"]["container_id"], "c1");
+    let back: Verdict = serde_json::from_value(json).unwrap();
+    assert_eq!(back, v);
+}
+
 #[test]
 fn bound_netns_seen_to_die_is_orphaned_without_waiting_for_the_orphan_grace() {
     let r = res("c1", "10.0.0.2", now() - Duration::from_secs(40));
