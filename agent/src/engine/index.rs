@@ -17,7 +17,11 @@ use super::observations::{ApiPod, Binding, CniOp, DeadNetns, LiveNetns, NetnsId,
 #[must_use]
 pub fn path_key(p: &Path) -> PathBuf {
     let p = p.strip_prefix("/var").ok().filter(|rest| rest.starts_with("run")).unwrap_or(p);
-    p.components().filter(|c| !matches!(c, Component::RootDir)).collect()
+    // One allocation of the final size, not one regrowth per component
+    // (this runs for every path of every netns on each index build).
+    let mut key = PathBuf::with_capacity(p.as_os_str().len());
+    p.components().filter(|c| !matches!(c, Component::RootDir)).for_each(|c| key.push(c));
+    key
 }
 
 fn push<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<usize>>, key: K, i: usize) {
