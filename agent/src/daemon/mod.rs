@@ -747,7 +747,7 @@ impl Agent {
             .iter()
             .filter_map(|v| {
                 let id = &v.reservation.container_id;
-                runtime::pod_of(obs, id).map(|p| (id.clone(), p.clone()))
+                runtime::pod_of(obs, id).map(|p| (id.to_string(), p.clone()))
             })
             .collect();
         // The releaser acts on every orphan it is given and reads the
@@ -789,7 +789,7 @@ impl Agent {
         self.gate.settle(&admitted, &records, std::time::Instant::now());
         for record in &records {
             let died_at = report::death_time(&record.verdict);
-            let pod = pods.get(&record.verdict.reservation.container_id);
+            let pod = pods.get(record.verdict.reservation.container_id.as_str());
             self.emit_release(record, report::release_reason(&record.verdict), died_at, pod)?;
         }
         Ok(std::mem::take(&mut self.release_waiting))
@@ -839,7 +839,7 @@ impl Agent {
                 )?;
                 if v.status == Status::Conflict {
                     self.metrics.conflict();
-                    warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
+                    warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary());
                     self.events.emit(SystemTime::now(), "conflict", &report::with_pod(report::conflict(v), pod))?;
                 }
             }
@@ -913,7 +913,7 @@ impl Agent {
                     "ip": r.ip,
                     "reserved_by": r.container_id,
                     "stage": "last_look",
-                    "evidence": record.verdict.evidence.iter().map(|e| e.text.clone()).collect::<Vec<_>>(),
+                    "evidence": record.verdict.evidence_text(),
                     "kernel_view": found,
                 }),
             )?;

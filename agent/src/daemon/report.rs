@@ -47,7 +47,7 @@ pub fn death_time(v: &Verdict) -> Option<SystemTime> {
 }
 
 pub fn release_reason(v: &Verdict) -> &'static str {
-    let runtime_gone = || v.evidence.iter().any(|e| matches!(e.fact, Fact::Runtime(RuntimeFact::GoneWithItsNetns)));
+    let runtime_gone = || v.evidence.iter().any(|e| matches!(e.fact.runtime(), Some(RuntimeFact::GoneWithItsNetns)));
     if death_time(v).is_some() {
         "netns_died"
     } else if runtime_gone() {
@@ -70,7 +70,7 @@ pub fn with_pod(mut payload: Value, pod: Option<&PodRef>) -> Value {
 }
 
 fn evidence_text(v: &Verdict) -> Vec<String> {
-    v.evidence.iter().map(|e| e.text.clone()).collect()
+    v.evidence_text()
 }
 
 fn reservation_fields(v: &Verdict) -> serde_json::Map<String, Value> {
@@ -88,7 +88,7 @@ pub fn verdict_changed(v: &Verdict, before: Option<Status>) -> Value {
     let mut m = reservation_fields(v);
     m.insert("from".into(), json!(before.map(status_label)));
     m.insert("to".into(), json!(status_label(v.status)));
-    m.insert("summary".into(), json!(v.summary));
+    m.insert("summary".into(), json!(v.summary()));
     m.insert("evidence".into(), json!(evidence_text(v)));
     Value::Object(m)
 }
@@ -137,7 +137,7 @@ pub fn release(record: &ReleaseRecord, reason: &str, latency: Option<Duration>) 
 pub fn counts(verdicts: &[Verdict]) -> BTreeMap<(String, &'static str), u64> {
     let mut out = BTreeMap::new();
     for v in verdicts {
-        *out.entry((v.reservation.network.clone(), status_label(v.status))).or_insert(0) += 1;
+        *out.entry((v.reservation.network.to_string(), status_label(v.status))).or_insert(0) += 1;
     }
     out
 }
