@@ -11,7 +11,7 @@
 use netreap_testkit as support;
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     net::IpAddr,
     os::unix::fs::MetadataExt,
     process::Command,
@@ -184,17 +184,26 @@ async fn wait_for_death(deaths: &mut Receiver<NetnsDeath>, inode: u32, timeout: 
 /// kernel's word: its RTM_DELNSID, or (in the moment between the kernel
 /// dropping the nsid and sending that notice, or after a lost notice) a
 /// dump aimed at the nsid refused.
+///
+/// The kernel hands a freed inode number to the next netns at once, so on a
+/// machine where other namespaces come and go a later death may carry one
+/// of these inodes: it is another incarnation (nsid or first sight differ)
+/// and is not ours. The same incarnation reported twice fails.
 async fn each_dies_once(deaths: &mut Receiver<NetnsDeath>, inodes: &HashSet<u32>, timeout: Duration) {
-    let mut dead = HashSet::new();
+    let mut dead: HashMap<u32, NetnsDeath> = HashMap::new();
     let deadline = Instant::now() + timeout;
     while dead.len() < inodes.len() {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, deaths.recv()).await {
             Ok(Some(d)) => {
-                if let Some(i) = d.inode.filter(|i| inodes.contains(i)) {
-                    assert!(matches!(d.source, DeathSource::RtmDelnsid | DeathSource::NsidGone), "{d:?}");
-                    assert!(dead.insert(i), "netns {i} reported dead twice");
+                let Some(i) = d.inode.filter(|i| inodes.contains(i)) else { continue };
+                if let Some(first) = dead.get(&i) {
+                    let same = first.nsid == d.nsid && first.first_seen == d.first_seen;
+                    assert!(!same, "netns {i} reported dead twice:\nfirst {first:?}\nthen {d:?}");
+                    continue;
                 }
+                assert!(matches!(d.source, DeathSource::RtmDelnsid | DeathSource::NsidGone), "{d:?}");
+                dead.insert(i, d);
             }
             other => panic!("{} of {} deaths seen, then {other:?}", dead.len(), inodes.len()),
         }
