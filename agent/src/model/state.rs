@@ -878,7 +878,8 @@ impl Model {
         }
         self.stats.deaths += 1;
         let death = NetnsDeath::from_view(&view, now, source);
-        info!(
+        // Logged (once) where it is reported: the daemon's publish.
+        debug!(
             inode = ?death.inode,
             nsid = ?death.nsid,
             source = ?source,

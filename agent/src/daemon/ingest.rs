@@ -1,0 +1,102 @@
+//! Kernel batches into the ledger (CNI runs), the model (netns records) and
+//! the metrics; ring-buffer losses and CNI runs that vanished without an
+//! exit record.
+
+use std::time::SystemTime;
+
+use super::{Agent, triggers::Reason};
+use crate::{
+    kernel::{
+        events::{DecodeError, KernelEvent},
+        stream::KernelStream,
+    },
+    ledger::persist::Window,
+};
+
+impl Agent {
+    /// Returns whether a CNI operation finished (verdicts may change).
+    pub(super) async fn on_kernel_batch(
+        &mut self,
+        batch: Vec<Result<KernelEvent, DecodeError>>,
+    ) -> anyhow::Result<bool> {
+        let mut decoded = Vec::with_capacity(batch.len());
+        let mut cni_finished = false;
+        for record in batch {
+            let event = match record {
+                Ok(event) => event,
+                Err(e) => {
+                    self.publish_malformed(&e)?;
+                    continue;
+                }
+            };
+            if self.admit_cni_run(&event)? {
+                cni_finished |= self.record_cni_run(&event);
+            }
+            self.publish_kernel_event(&event)?;
+            decoded.push(event);
+        }
+        if !decoded.is_empty() {
+            self.model.kernel_events(decoded).await?;
+            // Rendered for /state at most once a second (housekeeping).
+            self.attachments_dirty = true;
+            self.memory.dirty = true;
+        }
+        Ok(cni_finished)
+    }
+
+    /// A CNI run's record into the ledger; true when it ended a run.
+    fn record_cni_run(&mut self, event: &KernelEvent) -> bool {
+        if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), event)
+            && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
+        {
+            k.on_cni_exec(task.tgid, &cid.value);
+        }
+        let clock = self.clock;
+        let Some(att) = self.ledger.observe(event, |k| clock.wall(k), &self.resolver) else { return false };
+        let KernelEvent::CniExit { task, .. } = event else { return false };
+        if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
+            self.metrics.cni_operation(&op.command, op.result());
+        }
+        true
+    }
+
+    /// The CNI-run filter, before the ledger: false for an exec record that
+    /// is not a CNI plugin run (reported as an anomaly; the ledger never
+    /// sees it). A run whose environment scan was cut short is counted.
+    fn admit_cni_run(&mut self, event: &KernelEvent) -> anyhow::Result<bool> {
+        let KernelEvent::CniExec { exec, .. } = event else { return Ok(true) };
+        if let Err(anomaly) = self.cni_filter.admit(event) {
+            self.publish_cni_anomaly(event, &anomaly)?;
+            return Ok(false);
+        }
+        if exec.env_scan_limited {
+            self.publish_env_scan_limited(event);
+        }
+        Ok(true)
+    }
+
+    /// Once a second: /state's ledger, the saved knowledge, ring-buffer
+    /// losses, and CNI runs whose process is gone without an exit record.
+    pub(super) async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        self.publish_attachments();
+        if std::mem::take(&mut self.memory.dirty) {
+            self.save_knowledge().await;
+        }
+        let dropped = kernel.new_drops()?;
+        if dropped > 0 {
+            // Something may be missing from the ledger: from now on, youth
+            // grace again, and re-read the model.
+            let now = SystemTime::now();
+            self.memory.windows.push(Window { since: self.watching_since, until: now });
+            self.watching_since = now;
+            self.publish_records_dropped(dropped)?;
+            self.model.resync().await?;
+        }
+        let vanished =
+            self.ledger.reap_vanished(SystemTime::now(), |pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if vanished > 0 {
+            self.reconcile(Reason::CniExitUnobserved).await?;
+        }
+        Ok(())
+    }
+}
