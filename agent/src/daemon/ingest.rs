@@ -92,8 +92,20 @@ impl Agent {
             self.publish_records_dropped(dropped)?;
             self.model.resync().await?;
         }
-        let vanished =
-            self.ledger.reap_vanished(SystemTime::now(), |pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        // A plugin is gone from /proc as soon as its parent reaps it, which
+        // can be before its exit record (already in the ring buffer) is
+        // read: a run counts as vanished only when its process was gone at
+        // the previous tick too, so its exit code is not lost to a race.
+        let gone_before = std::mem::take(&mut self.gone_at_last_tick);
+        let gone_now = std::cell::RefCell::new(std::collections::HashSet::new());
+        let vanished = self.ledger.reap_vanished(SystemTime::now(), |pid| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+            gone_now.borrow_mut().insert(pid);
+            !gone_before.contains(&pid)
+        });
+        self.gone_at_last_tick = gone_now.into_inner();
         if vanished > 0 {
             self.reconcile(Reason::CniExitUnobserved).await?;
         }

@@ -41,9 +41,8 @@ use crate::{
     telemetry::{clock::Clock, metrics::Metrics, stream::EventStream},
 };
 
-/// Test-only failure injection (scenario: agent killed between intent and
-/// unlink): when set to 1 the process aborts right after the first intent
-/// is fsync'd.
+/// Test-only failure injection (agent killed between intent and unlink):
+/// when set to 1 the process aborts right after the first intent is fsync'd.
 pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
 struct Agent {
@@ -86,10 +85,11 @@ struct Agent {
     state: Arc<Mutex<StateDoc>>,
     /// The Kubernetes API (pods, whereabouts, Events), when configured.
     kube: Option<crate::kube::agent::KubeAgent>,
-    /// The container runtime as a witness (daemon/runtime.rs).
     runtime: runtime::RuntimeSource,
     /// When to reconcile next, and why.
     triggers: Triggers,
+    /// CNI run processes found gone at the last housekeeping tick.
+    gone_at_last_tick: std::collections::HashSet<u32>,
 }
 
 /// Runs the agent until SIGINT or SIGTERM.
@@ -154,6 +154,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         state,
         runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
         triggers: Triggers::default(),
+        gone_at_last_tick: std::collections::HashSet::new(),
         config,
         kube,
     };

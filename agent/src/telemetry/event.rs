@@ -7,7 +7,7 @@ use std::{net::IpAddr, path::PathBuf, time::Duration};
 use serde::{Serialize, Serializer};
 
 use crate::{
-    engine::{Evidence, Fact, PodRef, StuckSandbox, Verdict},
+    engine::{Evidence, Fact, PodRef, Status, StuckSandbox, Verdict},
     identity::NetnsId,
     ipam::{Anomaly, Reservation, StoreRef},
     kernel::{
@@ -273,12 +273,9 @@ pub fn death_time(v: &Verdict) -> Option<std::time::SystemTime> {
     })
 }
 
-/// A verdict status in its one spelling (`in_use`, `pending`, `orphaned`,
-/// `conflict`): events, metric labels and /state all say it this way.
-pub type Status = crate::engine::Status;
-
-/// The one spelling of a verdict status, for metric labels; the same as its
-/// serde name (a test checks).
+/// The one spelling of a verdict status (`in_use`, `pending`, `orphaned`,
+/// `conflict`) for metric labels: the same as its serde name in events and
+/// /state (a test checks).
 #[must_use]
 pub fn status_label(s: Status) -> &'static str {
     match s {
@@ -287,13 +284,6 @@ pub fn status_label(s: Status) -> &'static str {
         Status::Orphaned => "orphaned",
         Status::Conflict => "conflict",
     }
-}
-
-/// The one spelling of a release outcome: event field, metric label and
-/// journal (`result`) say it this way.
-#[must_use]
-pub fn outcome_label(o: &Outcome) -> &'static str {
-    o.label()
 }
 
 #[derive(Debug, Serialize)]
