@@ -14,13 +14,10 @@ use crate::{
 };
 
 impl Agent {
-    /// Returns whether a CNI operation finished (verdicts may change).
-    pub(super) async fn on_kernel_batch(
-        &mut self,
-        batch: Vec<Result<KernelEvent, DecodeError>>,
-    ) -> anyhow::Result<bool> {
+    /// Ingests a batch; CNI runs that finished in it go to the triggers.
+    pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
         let mut decoded = Vec::with_capacity(batch.len());
-        let mut cni_finished = false;
+        let (mut finished, mut failed) = (false, false);
         for record in batch {
             let event = match record {
                 Ok(event) => event,
@@ -29,8 +26,11 @@ impl Agent {
                     continue;
                 }
             };
-            if self.admit_cni_run(&event)? {
-                cni_finished |= self.record_cni_run(&event);
+            if self.admit_cni_run(&event)?
+                && let Some(succeeded) = self.record_cni_run(&event)
+            {
+                finished = true;
+                failed |= !succeeded;
             }
             self.publish_kernel_event(&event)?;
             decoded.push(event);
@@ -41,23 +41,33 @@ impl Agent {
             self.attachments_dirty = true;
             self.memory.dirty = true;
         }
-        Ok(cni_finished)
+        if finished {
+            self.triggers.cni_exited(failed);
+        }
+        Ok(())
     }
 
-    /// A CNI run's record into the ledger; true when it ended a run.
-    fn record_cni_run(&mut self, event: &KernelEvent) -> bool {
+    /// A CNI run's record into the ledger; when it ended a run, whether
+    /// the run succeeded.
+    fn record_cni_run(&mut self, event: &KernelEvent) -> Option<bool> {
         if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), event)
             && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
         {
             k.on_cni_exec(task.tgid, &cid.value);
         }
+        // An exit of a run whose container is unknown (its environment was
+        // not read that far) ends no attachment but ends a run all the same.
+        let was_running = matches!(event, KernelEvent::CniExit { task, .. } if self.ledger.is_running(task.tgid));
         let clock = self.clock;
-        let Some(att) = self.ledger.observe(event, |k| clock.wall(k), &self.resolver) else { return false };
-        let KernelEvent::CniExit { task, .. } = event else { return false };
-        if let Some(op) = att.operations.iter().rev().find(|op| op.pid == task.tgid) {
+        let att = self.ledger.observe(event, |k| clock.wall(k), &self.resolver);
+        let KernelEvent::CniExit { task, exit } = event else { return None };
+        if !was_running {
+            return None;
+        }
+        if let Some(op) = att.and_then(|a| a.operations.iter().rev().find(|op| op.pid == task.tgid)) {
             self.metrics.cni_operation(&op.command, op.result());
         }
-        true
+        Some(exit.succeeded())
     }
 
     /// The CNI-run filter, before the ledger: false for an exec record that

@@ -218,16 +218,13 @@ impl Agent {
                 () = triggers::sleep_until_some(retry_at), if retry_at.is_some() && self.releaser.is_some() => {
                     self.reconcile(Reason::ReleaseRetry).await?;
                 }
-                batch = kernel.next_batch() => {
-                    if self.on_kernel_batch(batch?).await? {
-                        self.triggers.cni_exited();
-                    }
-                }
+                batch = kernel.next_batch() => self.on_kernel_batch(batch?).await?,
                 () = triggers::sleep_until_some(coalesced_at), if coalesced_at.is_some() => {
                     self.reconcile(Reason::CniExit).await?;
                 }
                 death = deaths.recv() => {
                     let Some(death) = death else { anyhow::bail!("the netns model stopped") };
+                    self.triggers.netns_died(self.ledger.any_running());
                     self.on_death(&death)?;
                     while let Ok(more) = deaths.try_recv() {
                         self.on_death(&more)?;

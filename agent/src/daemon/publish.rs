@@ -15,21 +15,23 @@ use tracing::{debug, info, warn};
 use super::{
     Agent, evidence,
     knowledge::Restored,
-    reconcile::{Observed, Reconciled, Released},
+    reconcile::{Observed, Reconciled},
     runtime::{self, ChangeKind, SourceChange, StuckChanges},
 };
 use crate::{
     config::Config,
-    engine::{Status, Verdict},
+    engine::{PodRef, Status, Verdict},
     kernel::{
         cni_runs::CniRunAnomaly,
         events::{DecodeError, KernelEvent},
         probes::{ProbeState, Probes},
     },
     model::snapshot::NetnsDeath,
-    release::Outcome,
+    release::{Outcome, ReleaseRecord},
     telemetry::{
-        event::{Conflict, Event, NetnsDied, Release, Sandbox, VerdictChanged, death_time, status_label},
+        event::{
+            Conflict, Event, NetnsDied, Release, ReleaseReason, Sandbox, VerdictChanged, death_time, status_label,
+        },
         http::{self, Endpoints, Exposure, Readiness},
         metrics::Metrics,
     },
@@ -141,7 +143,7 @@ fn counts(verdicts: &[Verdict]) -> BTreeMap<(&str, &'static str), u64> {
 impl Agent {
     /// Everything a reconcile found and did.
     pub(super) fn publish_reconciled(&mut self, r: Reconciled) -> anyhow::Result<()> {
-        let Reconciled { reason, started, verdicts, changed, new_anomalies, released, observed, requeue: _ } = r;
+        let Reconciled { reason, started, verdicts, changed, new_anomalies, whereabouts, observed, requeue: _ } = r;
         for a in &new_anomalies {
             warn!(path = %a.path, kind = ?a.kind, "not a reservation, left untouched: {}", a.detail);
             self.events.emit(SystemTime::now(), &Event::Anomaly(a))?;
@@ -156,8 +158,14 @@ impl Agent {
                 self.events.emit(SystemTime::now(), &Event::Conflict(Conflict::verdict(v, pod)))?;
             }
         }
-        for r in &released {
-            self.publish_release(r)?;
+        for record in &whereabouts {
+            let cid = &record.verdict.reservation.container_id;
+            let pod = observed.runtime.as_ref().and_then(|v| v.pod_of(cid));
+            self.publish_release(record, ReleaseReason::of(&record.verdict), pod)?;
+        }
+        if let Some(k) = self.kube.as_mut() {
+            // Kubernetes Events on the pods (or the node).
+            k.notify(&verdicts, &whereabouts, &self.ledger);
         }
         self.metrics.replace_reservations(counts(&verdicts).iter().map(|((n, s), c)| (*n, *s, *c)));
         let count = verdicts.len();
@@ -225,8 +233,12 @@ impl Agent {
 
     /// One release attempt: its log line, event, metrics, and a conflict
     /// when the last look found the IP configured.
-    pub(super) fn publish_release(&mut self, released: &Released) -> anyhow::Result<()> {
-        let Released { record, reason, pod } = released;
+    pub(super) fn publish_release(
+        &mut self,
+        record: &ReleaseRecord,
+        reason: ReleaseReason,
+        pod: Option<&PodRef>,
+    ) -> anyhow::Result<()> {
         let now = SystemTime::now();
         let latency = death_time(&record.verdict).and_then(|d| now.duration_since(d).ok());
         self.metrics.release(reason.as_str(), record.outcome.label());
@@ -236,14 +248,14 @@ impl Agent {
             self.metrics.observe_death_to_release(latency);
         }
         let r = &record.verdict.reservation;
-        let pod_name = pod.as_ref().map(ToString::to_string);
+        let pod_name = pod.map(ToString::to_string);
         let reason_label = reason.as_str();
         if matches!(record.outcome, Outcome::LockBusy { .. }) {
             warn!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason = reason_label, "release: {}", record.outcome);
         } else {
             info!(ip = %r.ip, network = %r.network, container = %r.container_id, pod = pod_name, reason = reason_label, "release: {}", record.outcome);
         }
-        self.events.emit(now, &Event::Release(Release::new(record, *reason, latency, pod.as_ref())))?;
+        self.events.emit(now, &Event::Release(Release::new(record, reason, latency, pod)))?;
         if let Outcome::LastLookKept { found, ip_configured: true } = &record.outcome {
             // The model said no live netns holds the IP; the kernel, asked
             // under the lock, said one does: both views, one event.

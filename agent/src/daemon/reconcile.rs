@@ -30,13 +30,6 @@ pub(super) struct Change {
     pub pod: Option<PodRef>,
 }
 
-/// A release attempt to report.
-pub(super) struct Released {
-    pub record: ReleaseRecord,
-    pub reason: ReleaseReason,
-    pub pod: Option<PodRef>,
-}
-
 /// What a reconcile found and did.
 pub(super) struct Reconciled {
     pub reason: Reason,
@@ -47,7 +40,7 @@ pub(super) struct Reconciled {
     pub new_anomalies: Vec<Anomaly>,
     /// whereabouts releases (host-local ones come back later, from the
     /// blocking pool, through [`ReleaseDone`]).
-    pub released: Vec<Released>,
+    pub whereabouts: Vec<ReleaseRecord>,
     pub observed: Observed,
     /// When a pending verdict wants another look.
     pub requeue: Option<SystemTime>,
@@ -74,7 +67,8 @@ impl Agent {
     /// Reconciles and reports.
     pub(super) async fn reconcile(&mut self, reason: Reason) -> anyhow::Result<()> {
         let reconciled = self.reconcile_quietly(reason).await?;
-        self.triggers.reconciled(reconciled.requeue);
+        let waiting_on_runs = reconciled.verdicts.iter().any(triggers::waits_on_runs);
+        self.triggers.reconciled(reconciled.requeue, waiting_on_runs, self.ledger.any_running());
         self.publish_reconciled(reconciled)
     }
 
@@ -101,29 +95,20 @@ impl Agent {
         // host-local on the blocking pool (records come back to
         // `on_release_done`); whereabouts here, with its own last look.
         self.start_release(&verdicts[..local], &obs, &observed.snapshot);
-        let mut released = Vec::new();
+        let mut whereabouts = Vec::new();
         if self.kube.is_some() {
             let policy = self.policy;
             let mut look = self.kernel_look(&observed.snapshot);
             let reverify = |r: &crate::ipam::Reservation| decide_one(&obs, r, SystemTime::now(), &policy);
             if let Some(k) = self.kube.as_mut() {
-                let records = k.release(&verdicts[local..], reverify, &mut look).await?;
-                k.notify(&verdicts, &records, &self.ledger);
-                released = records
-                    .into_iter()
-                    .map(|record| Released {
-                        reason: ReleaseReason::of(&record.verdict),
-                        pod: runtime::pod_of(&obs, &record.verdict.reservation.container_id).cloned(),
-                        record,
-                    })
-                    .collect();
+                whereabouts = k.release(&verdicts[local..], reverify, &mut look).await?;
             }
         }
         // Without its events, only asking the runtime again shows a sandbox
         // it is done with: look again at the old pace while one is pending.
         let poll = obs.runtime.is_some().then(|| self.runtime_poll());
         let requeue = triggers::next_recheck(&verdicts, now, &self.policy, poll);
-        Ok(Reconciled { reason, started, verdicts, changed, new_anomalies, released, observed, requeue })
+        Ok(Reconciled { reason, started, verdicts, changed, new_anomalies, whereabouts, observed, requeue })
     }
 
     /// How often a pending verdict is looked at while the runtime answers.
@@ -248,10 +233,9 @@ impl Agent {
             }
         };
         self.gate.settle(&admitted, &records, std::time::Instant::now());
-        for record in records {
-            let pod = pods.get(&record.verdict.reservation.container_id).cloned();
-            let reason = ReleaseReason::of(&record.verdict);
-            self.publish_release(&Released { record, reason, pod })?;
+        for record in &records {
+            let pod = pods.get(&record.verdict.reservation.container_id);
+            self.publish_release(record, ReleaseReason::of(&record.verdict), pod)?;
         }
         Ok(std::mem::take(&mut self.release_waiting))
     }
@@ -291,9 +275,9 @@ impl Agent {
         })
         .await?;
         self.releaser = Some(releaser);
-        for record in records? {
-            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id).cloned();
-            self.publish_release(&Released { record, reason: ReleaseReason::Recovery, pod })?;
+        for record in &records? {
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.publish_release(record, ReleaseReason::Recovery, pod)?;
         }
         self.publish_observed(observed)
     }

@@ -1,8 +1,15 @@
 //! Why and when the agent reconciles. Deaths and the runtime's events ask
-//! at once; finished CNI runs come in bursts (a chain, a plugin's helpers,
-//! many pods) and are coalesced; a pending verdict carries when time alone
-//! may change it (a grace running out), and the agent looks again then,
-//! instead of polling while anything is pending.
+//! at once; a pending verdict carries when time alone may change it (a
+//! grace running out), and the agent looks again then, instead of polling
+//! while anything is pending.
+//!
+//! Finished CNI runs come in bursts (a chain, a plugin's helpers, many
+//! pods) and are coalesced, and only those that can change a verdict worth
+//! acting on ask: a run that failed (leaks come from failures), any run
+//! while the last reconcile left a verdict waiting on runs in flight, and
+//! any run after a netns died while runs were in flight (what they wrote
+//! was not there to see). A successful ADD or DEL of a healthy pod asks for
+//! nothing: its reservation is judged at the next reconcile.
 
 use std::time::{Duration, SystemTime};
 
@@ -64,19 +71,36 @@ pub struct Triggers {
     coalesced_at: Option<Instant>,
     /// The earliest moment a pending verdict may change by time alone.
     requeue_at: Option<Instant>,
+    /// The last reconcile left a verdict that a run in flight holds.
+    waiting_on_runs: bool,
+    /// A netns died while CNI runs were in flight, and no reconcile has run
+    /// since with none in flight.
+    death_during_runs: bool,
 }
 
 impl Triggers {
-    /// A CNI run finished: reconcile soon, with whatever else finishes
-    /// meanwhile.
-    pub fn cni_exited(&mut self) {
-        self.coalesced_at.get_or_insert_with(|| Instant::now() + CNI_EXIT_COALESCE);
+    /// CNI runs finished (`failed`: one of them did not succeed): reconcile
+    /// soon, with whatever else finishes meanwhile, when that can change a
+    /// verdict.
+    pub fn cni_exited(&mut self, failed: bool) {
+        if failed || self.waiting_on_runs || self.death_during_runs {
+            self.coalesced_at.get_or_insert_with(|| Instant::now() + CNI_EXIT_COALESCE);
+        }
     }
 
-    /// A reconcile ran: it saw every exit ingested before it; `requeue` is
-    /// when its pending verdicts want another look.
-    pub fn reconciled(&mut self, requeue: Option<SystemTime>) {
+    /// A netns died; `runs_in_flight`: the ledger has CNI runs not finished.
+    pub fn netns_died(&mut self, runs_in_flight: bool) {
+        self.death_during_runs |= runs_in_flight;
+    }
+
+    /// A reconcile ran: it saw every exit ingested before it. `requeue` is
+    /// when its pending verdicts want another look; `waiting_on_runs`
+    /// whether a verdict waits on a run in flight; `runs_in_flight` whether
+    /// the ledger has any.
+    pub fn reconciled(&mut self, requeue: Option<SystemTime>, waiting_on_runs: bool, runs_in_flight: bool) {
         self.coalesced_at = None;
+        self.waiting_on_runs = waiting_on_runs;
+        self.death_during_runs &= runs_in_flight;
         self.requeue_at = requeue.map(|at| {
             let wait = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO) + REQUEUE_SLACK;
             Instant::now() + wait.max(MIN_REQUEUE)
@@ -92,6 +116,13 @@ impl Triggers {
     pub fn requeue_at(&self) -> Option<Instant> {
         self.requeue_at
     }
+}
+
+/// Whether a CNI run in flight holds this verdict where it is (pending, or
+/// in use with a run in flight among its facts): its end may change it.
+#[must_use]
+pub fn waits_on_runs(v: &Verdict) -> bool {
+    v.status == Status::Pending || v.evidence.iter().any(|e| matches!(e.fact, Fact::CniOpInFlight { .. }))
 }
 
 /// When time alone may change this verdict: for a pending one, the moment
@@ -176,12 +207,36 @@ mod tests {
     #[test]
     fn a_requeue_never_spins() {
         let mut t = Triggers::default();
-        t.reconciled(Some(SystemTime::UNIX_EPOCH));
+        t.reconciled(Some(SystemTime::UNIX_EPOCH), false, false);
         let at = t.requeue_at().expect("a requeue");
         assert!(at >= Instant::now() + MIN_REQUEUE - Duration::from_millis(5));
-        t.cni_exited();
+        t.cni_exited(true);
         assert!(t.coalesced_at().is_some());
-        t.reconciled(None);
+        t.reconciled(None, false, false);
         assert_eq!((t.coalesced_at(), t.requeue_at()), (None, None));
+    }
+
+    #[test]
+    fn only_runs_that_can_change_a_verdict_ask_for_a_reconcile() {
+        let mut t = Triggers::default();
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_none(), "a healthy pod's ADD or DEL asks for nothing");
+        t.cni_exited(true);
+        assert!(t.coalesced_at().is_some(), "a failed run does");
+        // A verdict waits on a run: its end matters.
+        t.reconciled(None, true, true);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_some());
+        // A death while runs were in flight: what they wrote was not seen.
+        t.reconciled(None, false, true);
+        t.netns_died(true);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_some());
+        t.reconciled(None, false, true);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_some(), "until a reconcile runs with no run in flight");
+        t.reconciled(None, false, false);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_none());
     }
 }
