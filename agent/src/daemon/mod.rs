@@ -224,11 +224,11 @@ impl Agent {
                 }
                 death = deaths.recv() => {
                     let Some(death) = death else { anyhow::bail!("the netns model stopped") };
-                    self.triggers.netns_died(self.ledger.any_running());
-                    self.on_death(&death)?;
+                    let mut runs_concerned = self.on_death(&death)?;
                     while let Ok(more) = deaths.try_recv() {
-                        self.on_death(&more)?;
+                        runs_concerned |= self.on_death(&more)?;
                     }
+                    self.triggers.netns_died(runs_concerned);
                     self.reconcile(Reason::NetnsDied).await?;
                 }
                 Some(()) = runtime_events.recv() => {

@@ -266,10 +266,13 @@ impl Agent {
         Ok(())
     }
 
-    /// A netns death the model reported.
-    pub(super) fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<()> {
+    /// A netns death the model reported. Returns whether a CNI run of a
+    /// container bound to it (or of an unknown container) is in flight.
+    pub(super) fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<bool> {
         self.metrics.netns_destroyed();
         let containers = evidence::containers_of_death(&self.ledger, &[], death);
+        let runs_concerned = self.ledger.unattributed_runs().next().is_some()
+            || containers.iter().any(|c| self.ledger.get(c).is_some_and(crate::ledger::Attachment::in_flight));
         info!(
             inode = ?death.inode,
             nsid = ?death.nsid,
@@ -278,7 +281,7 @@ impl Agent {
             "netns died"
         );
         self.events.emit(death.at, &Event::NetnsDied(NetnsDied::seen(death, &containers)))?;
-        Ok(())
+        Ok(runs_concerned)
     }
 
     /// What an earlier run's knowledge came to.

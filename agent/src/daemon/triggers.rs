@@ -7,8 +7,8 @@
 //! pods) and are coalesced, and only those that can change a verdict worth
 //! acting on ask: a run that failed (leaks come from failures), any run
 //! while the last reconcile left a verdict waiting on runs in flight, and
-//! any run after a netns died while runs were in flight (what they wrote
-//! was not there to see). A successful ADD or DEL of a healthy pod asks for
+//! any run after a netns died while runs of its containers were in flight
+//! (what they wrote may not have been there to see). A successful ADD or DEL of a healthy pod asks for
 //! nothing: its reservation is judged at the next reconcile.
 
 use std::time::{Duration, SystemTime};
@@ -73,8 +73,8 @@ pub struct Triggers {
     requeue_at: Option<Instant>,
     /// The last reconcile left a verdict that a run in flight holds.
     waiting_on_runs: bool,
-    /// A netns died while CNI runs were in flight, and no reconcile has run
-    /// since with none in flight.
+    /// A netns died while CNI runs of its containers were in flight, and no
+    /// reconcile has run since with none in flight.
     death_during_runs: bool,
 }
 
@@ -88,9 +88,10 @@ impl Triggers {
         }
     }
 
-    /// A netns died; `runs_in_flight`: the ledger has CNI runs not finished.
-    pub fn netns_died(&mut self, runs_in_flight: bool) {
-        self.death_during_runs |= runs_in_flight;
+    /// Netns died; `runs_concerned`: a CNI run of a container bound to one
+    /// of them (or of an unknown container) was in flight.
+    pub fn netns_died(&mut self, runs_concerned: bool) {
+        self.death_during_runs |= runs_concerned;
     }
 
     /// A reconcile ran: it saw every exit ingested before it. `requeue` is
