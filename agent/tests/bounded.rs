@@ -7,11 +7,11 @@
 //! (`containerID\r\nifname`) with an old mtime, for containers never seen:
 //! orphaned by the orphan grace, their IPs in no live netns. The lock is
 //! held by util-linux's `flock`, a real process, as a stuck plugin would.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
-    io::{Read as _, Write as _},
     net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -20,7 +20,7 @@ use std::{
 };
 
 use serde_json::Value;
-use support::agent::wait_until;
+use support::agent::{http_get, wait_until};
 
 /// One agent at a time: both tests load probes and measure latencies.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -113,7 +113,7 @@ impl Agent {
             .expect("agent starts");
         let mut agent = Self { child, addr, log };
         let ready = wait_until(Duration::from_secs(30), || {
-            agent.child.try_wait().ok().flatten().is_none() && get(addr, "/readyz").is_some_and(|(c, _)| c == 200)
+            agent.child.try_wait().ok().flatten().is_none() && http_get(addr, "/readyz").is_some_and(|(c, _)| c == 200)
         });
         assert!(ready.is_some(), "agent not ready in 30 s; log:\n{}", agent.log());
         agent
@@ -133,17 +133,6 @@ impl Drop for Agent {
             let _ = self.child.wait();
         }
     }
-}
-
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((code, body))
 }
 
 fn needs_root() {
@@ -167,7 +156,7 @@ fn a_dry_run_journal_stays_small() {
     while started.elapsed() < Duration::from_mins(1) {
         std::thread::sleep(Duration::from_secs(1));
         peak = peak.max(dirs.journal_bytes());
-        assert!(get(agent.addr, "/healthz").is_some_and(|(c, _)| c == 200), "healthz; log:\n{}", agent.log());
+        assert!(http_get(agent.addr, "/healthz").is_some_and(|(c, _)| c == 200), "healthz; log:\n{}", agent.log());
     }
     let journal = std::fs::read_to_string(dirs.state().join("journal.jsonl")).expect("journal");
     let intents = journal.lines().filter(|l| l.contains("\"record\":\"intent\"")).count();
@@ -212,7 +201,7 @@ fn a_stuck_lock_holds_only_its_own_network() {
     let worst_probe = std::cell::Cell::new(Duration::ZERO);
     let probe = || {
         let t = Instant::now();
-        assert!(get(agent.addr, "/healthz").is_some_and(|(c, _)| c == 200), "healthz; log:\n{}", agent.log());
+        assert!(http_get(agent.addr, "/healthz").is_some_and(|(c, _)| c == 200), "healthz; log:\n{}", agent.log());
         worst_probe.set(worst_probe.get().max(t.elapsed()));
     };
     // The free network's orphan goes at once (at most one lock wait).
@@ -233,7 +222,7 @@ fn a_stuck_lock_holds_only_its_own_network() {
     assert!(error.contains(&holder.id().to_string()) && error.contains("flock"), "names the holder: {error}");
     assert!(error.contains("still held"), "{error}");
     assert!(agent.log().contains("still held by"), "logged as a warning too");
-    let metrics = get(agent.addr, "/metrics").map(|(_, b)| b).unwrap_or_default();
+    let metrics = http_get(agent.addr, "/metrics").map(|(_, b)| b).unwrap_or_default();
     assert!(metrics.contains("outcome=\"lock_busy\""), "counted:\n{metrics}");
 
     // While it is still held: an orphan made later in the free network is
@@ -295,7 +284,7 @@ fn idle_connections_to_the_agent_do_not_fail_its_health_probe() {
     let mut worst = Duration::ZERO;
     for _ in 0..20 {
         let t = Instant::now();
-        assert!(get(agent.addr, "/healthz").is_some_and(|(c, _)| c == 200), "healthz; log:\n{}", agent.log());
+        assert!(http_get(agent.addr, "/healthz").is_some_and(|(c, _)| c == 200), "healthz; log:\n{}", agent.log());
         worst = worst.max(t.elapsed());
         std::thread::sleep(Duration::from_millis(50));
     }

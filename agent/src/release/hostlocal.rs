@@ -120,15 +120,15 @@ pub(crate) fn release(
         Ok(dir) => dir,
         Err(outcome) => return outcome,
     };
-    let lock = match dir.open_lock(LOCK_FILE) {
-        Ok(lock) => lock,
+    let lock_file = match dir.open_lock(LOCK_FILE) {
+        Ok(file) => file,
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
             return Outcome::Anomalous { kind: AnomalyKind::Symlink, detail: "the lock file is a symlink".into() };
         }
         Err(e) => return Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
     };
     let outcome = {
-        let _guard = match FlockGuard::lock_exclusive_timeout(lock, lock_timeout) {
+        let _guard = match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
             Ok(Ok(guard)) => guard,
             Ok(Err(busy_lock)) => {
                 return Outcome::LockBusy {

@@ -19,6 +19,17 @@ pub struct Agent {
     pub stderr: PathBuf,
 }
 
+/// The agent executable under test. Cargo sets `CARGO_BIN_EXE_netreap` for
+/// tests and benches at run time too; `cargo xtask vm-test` sets it in the
+/// guests.
+#[must_use]
+pub fn netreap_binary() -> PathBuf {
+    match std::env::var_os("CARGO_BIN_EXE_netreap") {
+        Some(path) => PathBuf::from(path),
+        None => panic!("CARGO_BIN_EXE_netreap is not set: run through cargo test/bench or cargo xtask vm-test"),
+    }
+}
+
 fn free_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     l.local_addr().expect("local addr")
@@ -38,7 +49,8 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<D
     }
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+/// A plain HTTP/1.1 GET: (status, body), or None when the agent does not answer.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
@@ -79,10 +91,10 @@ impl Agent {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
-                c.args(args).arg(env!("CARGO_BIN_EXE_netreap"));
+                c.args(args).arg(netreap_binary());
                 c
             }
-            None => Command::new(env!("CARGO_BIN_EXE_netreap")),
+            None => Command::new(netreap_binary()),
         };
         cmd.arg("run")
             .args(dir_args)

@@ -332,18 +332,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     /// Reservation files of the network: (ip, container id).
     pub fn reservations(&self) -> Vec<(String, String)> {
-        let Ok(entries) = std::fs::read_dir(self.data_dir.join(&self.network)) else { return Vec::new() };
-        let mut out: Vec<(String, String)> = entries
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.parse::<std::net::IpAddr>().ok()?;
-                let content = std::fs::read_to_string(e.path()).ok()?;
-                Some((name, content.lines().next().unwrap_or_default().trim().to_owned()))
-            })
-            .collect();
-        out.sort();
-        out
+        super::lab::reservations_in(&self.data_dir.join(&self.network))
     }
 
     pub fn reserved_by(&self, id: &str) -> bool {

@@ -122,18 +122,7 @@ impl Lab {
 
     /// Reservation files of a network: (ip, container id).
     pub fn reservations(&self, network: &str) -> Vec<(String, String)> {
-        let Ok(entries) = std::fs::read_dir(self.data_dir.join(network)) else { return Vec::new() };
-        let mut out: Vec<(String, String)> = entries
-            .filter_map(Result::ok)
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                name.parse::<std::net::IpAddr>().ok()?;
-                let content = std::fs::read_to_string(e.path()).ok()?;
-                Some((name, content.lines().next().unwrap_or_default().trim().to_owned()))
-            })
-            .collect();
-        out.sort();
-        out
+        reservations_in(&self.data_dir.join(network))
     }
 
     /// The flags that point netreap at this lab's directories.
@@ -215,4 +204,20 @@ impl Drop for Pod {
             let _ = Command::new("ip").args(["netns", "del", &self.name]).status();
         }
     }
+}
+
+/// Host-local reservation files in `network_dir`: (ip, container id), sorted.
+pub fn reservations_in(network_dir: &Path) -> Vec<(String, String)> {
+    let Ok(entries) = std::fs::read_dir(network_dir) else { return Vec::new() };
+    let mut out: Vec<(String, String)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.parse::<std::net::IpAddr>().ok()?;
+            let content = std::fs::read_to_string(e.path()).ok()?;
+            Some((name, content.lines().next().unwrap_or_default().trim().to_owned()))
+        })
+        .collect();
+    out.sort();
+    out
 }
