@@ -33,7 +33,7 @@ use std::{
 
 use netreap::{
     engine::{
-        Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations, Policy, Status, decide,
+        Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsName, Observations, Policy, Status, decide,
     },
     ipam::{ReservationStore, hostlocal::HostLocalStore, scan_all},
 };
@@ -403,7 +403,7 @@ fn scale(scratch: &Path) -> Value {
         }
         obs.bindings.push(Binding {
             container_id: cid(pod),
-            netns: NetnsRef::Path(path),
+            netns: NetnsName::Path(path),
             source: BindingSource::CniCache,
             seen_at: t_file,
         });

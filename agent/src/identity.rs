@@ -11,7 +11,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::timefmt;
+use crate::timefmt;
 
 /// One netns incarnation. Parts netreap does not know are `None`: a netns
 /// known only by nsid (not openable from netreap's mount namespace) has no

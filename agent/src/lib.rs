@@ -32,3 +32,4 @@ pub mod release;
 pub mod runtime;
 pub mod sources;
 pub mod telemetry;
+pub mod timefmt;

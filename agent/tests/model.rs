@@ -605,3 +605,59 @@ fn thirteen_hundred_namespaces_live_through_start_and_resyncs() {
         watcher.stop().await.expect("clean stop");
     });
 }
+
+/// The model's own CPU per netns cycle, on a node that already holds
+/// `HELD` bind-mounted namespaces (a mount table that grows with pods).
+/// Each cycle: `ip netns add`, a snapshot (as a reconcile takes), `ip netns
+/// del`, its death notice, a snapshot. Prints CPU ms per cycle (getrusage
+/// of this process: the model task, its discovery thread and this thread's
+/// fork/exec of `ip`, the same in every run). A measurement, not a check:
+/// `cargo test -p netreap --test model -- --ignored --nocapture cpu_per`.
+#[test]
+#[ignore = "a measurement: run by hand, root, quiet machine"]
+fn cpu_per_netns_cycle_with_a_large_mount_table() {
+    const HELD: usize = 500;
+    const CYCLES: u32 = 100;
+    fn cpu() -> Duration {
+        // SAFETY: zeroed rusage is a valid out-buffer.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut usage) };
+        let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+        tv(usage.ru_utime) + tv(usage.ru_stime)
+    }
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let t = unique("nrX");
+    let held: Vec<String> = (0..HELD).map(|i| format!("{t}h{i}")).collect();
+    let _guards: Vec<HostThing> =
+        held.iter().map(|n| HostThing(vec!["netns".into(), "del".into(), n.clone()])).collect();
+    for chunk in held.chunks(100) {
+        ip_batch(&chunk.iter().map(|n| ["netns add ", n, "\n"].concat()).collect::<String>());
+    }
+    runtime().block_on(async {
+        let (watcher, mut deaths) = Watcher::start(config()).await.expect("model starts");
+        let before = cpu();
+        let wall = Instant::now();
+        for i in 0..CYCLES {
+            let name = format!("{t}c{i}");
+            let _guard = HostThing(vec!["netns".into(), "del".into(), name.clone()]);
+            ip(&["netns", "add", &name]);
+            let inode = inode_of(&format!("/run/netns/{name}"));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let _ = watcher.snapshot().await.expect("snapshot");
+            ip(&["netns", "del", &name]);
+            wait_for_death(&mut deaths, inode, DEATH).await;
+            let _ = watcher.snapshot().await.expect("snapshot");
+        }
+        let used = cpu().saturating_sub(before);
+        println!(
+            "model CPU per netns cycle, {HELD} held namespaces, {CYCLES} cycles: {:.2} ms (wall {:.1} s)",
+            used.as_secs_f64() * 1e3 / f64::from(CYCLES),
+            wall.elapsed().as_secs_f64()
+        );
+        watcher.stop().await.expect("clean stop");
+    });
+}

@@ -459,7 +459,7 @@ fn garbage_and_hostile_entries_are_reported_and_untouched() {
             }),
             "anomalous",
         ),
-        (forged(&|r| r.store = StoreRef::CniCache { dir: data.clone() }), "refused"),
+        (forged(&|r| r.store = StoreRef::CniCache { dir: data.clone() }.into()), "refused"),
     ];
     for (v, expected) in &cases {
         let rec = rel.release(v).unwrap();
@@ -471,7 +471,7 @@ fn garbage_and_hostile_entries_are_reported_and_untouched() {
     let live_obs =
         Observations { live: vec![LiveNetns { addresses: vec![good.ip], ..LiveNetns::default() }], ..died(&["good"]) };
     let in_use = decide_one(&live_obs, &good, SystemTime::now(), &policy());
-    assert_eq!(in_use.status, Status::Conflict, "{}", in_use.summary);
+    assert_eq!(in_use.status, Status::Conflict, "{}", in_use.summary());
     assert!(matches!(rel.release(&in_use).unwrap().outcome, Outcome::Refused { .. }));
     assert_eq!(journal_lines(&tmp.path().join("state")).len(), journaled);
     assert!(good.path.exists());

@@ -11,7 +11,7 @@ use crate::{
     engine::{
         Observations,
         index::path_key,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsRef},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName},
     },
     identity::NetnsId,
     ipam::cnicache::CachedAttachment,
@@ -160,12 +160,12 @@ pub fn observations(
     }
     for a in ledger.attachments() {
         let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
-        let netns: Vec<NetnsRef> = match (a.pinned, a.netns_inode, &a.netns_path) {
-            (Some(id), _, _) => vec![NetnsRef::Id(id)],
+        let netns: Vec<NetnsName> = match (a.pinned, a.netns_inode, &a.netns_path) {
+            (Some(id), _, _) => vec![NetnsName::Id(id)],
             (None, Some(inode), _) => {
-                incarnations_at(snapshot, inode, a.netns_nsid, bound_at).into_iter().map(NetnsRef::Id).collect()
+                incarnations_at(snapshot, inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
             }
-            (None, None, Some(path)) => vec![NetnsRef::Path(PathBuf::from(path))],
+            (None, None, Some(path)) => vec![NetnsName::Path(PathBuf::from(path))],
             (None, None, None) => Vec::new(),
         };
         for netns in netns {
@@ -225,16 +225,16 @@ fn add_cache_bindings(
                 a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
             a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
         });
-        let refs: Vec<(NetnsRef, SystemTime)> = match resolved {
-            Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsRef::Id(pinned), bound_at)],
+        let refs: Vec<(NetnsName, SystemTime)> = match resolved {
+            Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsName::Id(pinned), bound_at)],
             Some(((inode, bound_at), None, nsid)) => incarnations_at(snapshot, inode, nsid, bound_at)
                 .into_iter()
-                .map(|id| (NetnsRef::Id(id), bound_at))
+                .map(|id| (NetnsName::Id(id), bound_at))
                 .collect(),
             None => {
                 let seen =
                     first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
-                vec![(NetnsRef::Path(PathBuf::from(path)), seen)]
+                vec![(NetnsName::Path(PathBuf::from(path)), seen)]
             }
         };
         for (netns, seen_at) in refs {
@@ -255,7 +255,7 @@ mod tests {
     use super::*;
     use crate::{
         engine::{Status, decide_one},
-        ipam::{Reservation, StoreRef},
+        ipam::{Reservation, ReservationData, StoreRef},
         kernel::events::{CniExec, CniExit, CniValue, KernelEvent, Task},
         ledger::NetnsResolver,
         model::snapshot::{AddrScope, AddressView, ModelStats},
@@ -307,8 +307,8 @@ mod tests {
 
     /// c1's reservation of 10.0.0.2 in network n, made at `created_at`.
     fn reservation_of_c1(created_at: SystemTime) -> Reservation {
-        Reservation {
-            store: StoreRef::HostLocal { data_dir: "/d".into() },
+        Reservation::from(ReservationData {
+            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
             network: "n".into(),
             ip: "10.0.0.2".parse().unwrap(),
             container_id: "c1".into(),
@@ -316,7 +316,7 @@ mod tests {
             created_at,
             path: "/d/n/10.0.0.2".into(),
             inode: 1,
-        }
+        })
     }
 
     /// A ledger holding one finished ADD of container c1 (pid 9) that named
@@ -357,12 +357,12 @@ mod tests {
             stats: ModelStats::default(),
         };
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
-        assert_eq!(obs.bindings[0].netns, NetnsRef::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
+        assert_eq!(obs.bindings[0].netns, NetnsName::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
         assert!(obs.live[0].container_ids.is_empty(), "the newcomer is not c1's");
         assert_eq!(obs.dead[0].container_ids, vec!["c1".to_owned()]);
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     }
 
     /// `ip netns del` unmounted the netns while a plugin held it, and the
@@ -390,11 +390,11 @@ mod tests {
         }];
         let obs = observations(&snapshot, &ledger, &cache, Some(t(0)), None);
         let cached: Vec<_> = obs.bindings.iter().filter(|b| b.source == BindingSource::CniCache).collect();
-        assert_eq!(cached[0].netns, NetnsRef::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
+        assert_eq!(cached[0].netns, NetnsName::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
         assert_eq!(cached[0].seen_at, t(10));
         let r = reservation_of_c1(t(12));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     }
 
     /// Issue 10: a live netns netreap cannot open (bind-mounted where its
@@ -428,13 +428,13 @@ mod tests {
         assert_eq!(obs.bindings[0].seen_at, t(3500));
         let r = reservation_of_c1(t(0));
         let verdict = decide_one(&obs, &r, t(3600), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
         // Even with the address gone from view, the binding is not past
         // the orphan grace: netreap looked first 100 s ago.
         let mut no_addr = obs.clone();
         no_addr.live[0].addresses.clear();
         let verdict = decide_one(&no_addr, &r, t(3600), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Pending, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Pending, "{}", verdict.summary());
     }
 
     /// The model learns of a death a little late; a CNI run that names the
@@ -456,7 +456,7 @@ mod tests {
         assert_eq!(ids.len(), 2, "{ids:?}");
         let r = reservation_of_c1(t(20));
         let verdict = decide_one(&obs, &r, t(40), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
     }
 
     /// Under load the model may never open a short-lived netns: it knows it
@@ -499,6 +499,6 @@ mod tests {
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(13), &crate::engine::Policy::default());
-        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+        assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
     }
 }

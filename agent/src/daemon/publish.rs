@@ -154,7 +154,7 @@ impl Agent {
             self.events.emit(SystemTime::now(), &Event::VerdictChanged(VerdictChanged::new(v, c.before, pod)))?;
             if v.status == Status::Conflict {
                 self.metrics.conflict();
-                warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {}", v.summary);
+                warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {v}");
                 self.events.emit(SystemTime::now(), &Event::Conflict(Conflict::verdict(v, pod)))?;
             }
         }

@@ -194,7 +194,7 @@ impl Agent {
             .iter()
             .filter_map(|v| {
                 let id = &v.reservation.container_id;
-                runtime::pod_of(obs, id).map(|p| (id.clone(), p.clone()))
+                runtime::pod_of(obs, id).map(|p| (id.to_string(), p.clone()))
             })
             .collect();
         // The releaser acts on every orphan it is given and reads the
@@ -234,7 +234,7 @@ impl Agent {
         };
         self.gate.settle(&admitted, &records, std::time::Instant::now());
         for record in &records {
-            let pod = pods.get(&record.verdict.reservation.container_id);
+            let pod = pods.get(record.verdict.reservation.container_id.as_str());
             self.publish_release(record, ReleaseReason::of(&record.verdict), pod)?;
         }
         Ok(std::mem::take(&mut self.release_waiting))

@@ -174,8 +174,8 @@ mod tests {
     use crate::ipam::{Reservation, StoreRef};
 
     fn reservation() -> Reservation {
-        Reservation {
-            store: StoreRef::HostLocal { data_dir: "/d".into() },
+        crate::ipam::ReservationData {
+            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
             network: "n".into(),
             ip: "10.0.0.2".parse().expect("an IP"),
             container_id: "c".into(),
@@ -184,6 +184,7 @@ mod tests {
             path: "/d/n/10.0.0.2".into(),
             inode: 1,
         }
+        .into()
     }
 
     const POLICY: Policy = Policy { in_flight_grace: Duration::from_secs(30), orphan_grace: Duration::from_mins(10) };

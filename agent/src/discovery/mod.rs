@@ -17,6 +17,10 @@ use std::{
         unix::{ffi::OsStrExt, fs::MetadataExt},
     },
     path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
 };
 
 use serde::Serialize;
@@ -117,29 +121,126 @@ pub struct Sighting {
 /// Processes kept per netns in a sighting.
 pub const PROCESS_SAMPLE: usize = 4;
 
-/// Every netns visible, by inode.
-pub fn scan(paths: &DiscoveryPaths, scope: Scope) -> Result<BTreeMap<u32, Sighting>, DiscoveryError> {
-    let mut found: BTreeMap<u32, Sighting> = BTreeMap::new();
-    let text = fs::read_to_string(&paths.mountinfo)
-        .map_err(|source| DiscoveryError::Read { path: paths.mountinfo.clone(), source })?;
-    for m in mountinfo::parse(&text) {
+/// The mount-table changes the model's driver was told of (`POLLPRI` on
+/// the configured mountinfo), shared with the discovery thread so that it
+/// reads the table again only after a change: re-reading it costs
+/// O(mount table) in the kernel (every line formatted), and the table grows
+/// with the pods.
+#[derive(Debug, Default)]
+pub struct MountChanges {
+    seen: AtomicU64,
+    watched: AtomicBool,
+}
+
+impl MountChanges {
+    /// Changes of the configured table are watched from now on.
+    pub fn watching(&self) {
+        self.watched.store(true, Ordering::SeqCst);
+    }
+
+    /// They are no longer watched: every read goes to the file again.
+    pub fn unwatched(&self) {
+        self.watched.store(false, Ordering::SeqCst);
+    }
+
+    /// The table changed (counted before the scan it leads to is asked for).
+    pub fn changed(&self) {
+        self.seen.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The number of changes seen, while they are watched.
+    fn count(&self) -> Option<u64> {
+        self.watched.load(Ordering::SeqCst).then(|| self.seen.load(Ordering::SeqCst))
+    }
+}
+
+/// Reads the nsfs mounts with one reusable buffer, and only when the
+/// table may have changed since the last read: a read that started after
+/// the latest change counted by [`MountChanges`] is still the table. A
+/// change not yet counted leaves the result one change behind, never
+/// wrong about what it lists; the count that follows asks for a new scan,
+/// and resyncs always read afresh.
+#[derive(Debug)]
+pub struct MountReader {
+    changes: Arc<MountChanges>,
+    text: String,
+    /// The mounts of the last read, and the change count before it began.
+    last: BTreeMap<u32, Sighting>,
+    last_count: Option<u64>,
+    reads: u64,
+}
+
+impl MountReader {
+    #[must_use]
+    pub fn new(changes: Arc<MountChanges>) -> Self {
+        Self { changes, text: String::new(), last: BTreeMap::new(), last_count: None, reads: 0 }
+    }
+
+    /// Times the table was read (a measure of the work saved).
+    #[must_use]
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// The netns bind mounts, by inode: the last read's when no change was
+    /// counted since it began (and `fresh` is not asked for), else a new
+    /// read.
+    pub fn mounts(&mut self, paths: &DiscoveryPaths, fresh: bool) -> Result<&BTreeMap<u32, Sighting>, DiscoveryError> {
+        // Only the configured table is watched: with the host's table read
+        // too, every read goes to the files.
+        let count = if paths.host_mountinfo().is_some() { None } else { self.changes.count() };
+        if !fresh && count.is_some() && count == self.last_count {
+            return Ok(&self.last);
+        }
+        self.last_count = None;
+        self.last.clear();
+        self.reads += 1;
+        read_into(&paths.mountinfo, &mut self.text)
+            .map_err(|source| DiscoveryError::Read { path: paths.mountinfo.clone(), source })?;
+        add_mounts(&mut self.last, &self.text);
+        // The host's mount table, when ours is another: paths as the host
+        // (and the CNI runtime) names them.
+        if let Some(table) = paths.host_mountinfo()
+            && read_into(&table, &mut self.text).is_ok()
+        {
+            add_mounts(&mut self.last, &self.text);
+        }
+        self.last_count = count;
+        Ok(&self.last)
+    }
+
+    /// Every netns visible, by inode (see [`scan`]); the mounts as
+    /// [`MountReader::mounts`] gives them, read afresh for a full scan.
+    pub fn scan(&mut self, paths: &DiscoveryPaths, scope: Scope) -> Result<BTreeMap<u32, Sighting>, DiscoveryError> {
+        let mut found = self.mounts(paths, scope == Scope::Full)?.clone();
+        if scope == Scope::Full {
+            scan_processes(&paths.proc_root, &mut found)?;
+        }
+        Ok(found)
+    }
+}
+
+/// Reads `path` into `text`, reusing its allocation.
+fn read_into(path: &Path, text: &mut String) -> io::Result<()> {
+    use std::io::Read as _;
+    text.clear();
+    fs::File::open(path)?.read_to_string(text).map(drop)
+}
+
+fn add_mounts(found: &mut BTreeMap<u32, Sighting>, text: &str) {
+    for m in mountinfo::parse(text) {
         let s = found.entry(m.inode).or_default();
         if !s.bind_mounts.contains(&m.path) {
             s.bind_mounts.push(m.path);
         }
     }
-    // The host's mount table, when ours is another: paths as the host (and
-    // the CNI runtime) names them.
-    if let Some(table) = paths.host_mountinfo()
-        && let Ok(text) = fs::read_to_string(table)
-    {
-        for m in mountinfo::parse(&text) {
-            let s = found.entry(m.inode).or_default();
-            if !s.bind_mounts.contains(&m.path) {
-                s.bind_mounts.push(m.path);
-            }
-        }
-    }
+}
+
+/// Every netns visible, by inode, read afresh.
+pub fn scan(paths: &DiscoveryPaths, scope: Scope) -> Result<BTreeMap<u32, Sighting>, DiscoveryError> {
+    let mut reader = MountReader::new(Arc::default());
+    reader.mounts(paths, true)?;
+    let mut found = std::mem::take(&mut reader.last);
     if scope == Scope::Full {
         scan_processes(&paths.proc_root, &mut found)?;
     }
@@ -232,6 +333,51 @@ pub fn candidate_paths(paths: &DiscoveryPaths, sighting: &Sighting) -> Vec<PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mount_table_is_read_again_only_after_a_counted_change() {
+        let dir = std::env::temp_dir().join(format!("nrX-mounts-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("temp dir");
+        let table = dir.join("mountinfo");
+        let line =
+            |inode: u32, name: &str| format!("{inode} 25 0:4 net:[{inode}] /run/netns/{name} rw - nsfs nsfs rw\n");
+        fs::write(&table, line(7, "a")).expect("write table");
+        let paths = DiscoveryPaths { proc_root: "/proc".into(), mountinfo: table.clone(), host_root: None };
+        let changes = Arc::new(MountChanges::default());
+        let mut reader = MountReader::new(Arc::clone(&changes));
+        let inodes =
+            |r: &mut MountReader, fresh| r.mounts(&paths, fresh).expect("read").keys().copied().collect::<Vec<_>>();
+
+        // Not watched: every call reads.
+        assert_eq!(inodes(&mut reader, false), vec![7]);
+        assert_eq!(inodes(&mut reader, false), vec![7]);
+        assert_eq!(reader.reads(), 2);
+
+        changes.watching();
+        assert_eq!(inodes(&mut reader, false), vec![7]);
+        fs::write(&table, line(7, "a") + &line(8, "b")).expect("write table");
+        // No change counted yet: the last read stands (one change behind).
+        assert_eq!(inodes(&mut reader, false), vec![7]);
+        assert_eq!(reader.reads(), 3);
+        // A resync reads afresh whatever the count says.
+        assert_eq!(inodes(&mut reader, true), vec![7, 8]);
+        changes.changed();
+        fs::write(&table, line(8, "b")).expect("write table");
+        assert_eq!(inodes(&mut reader, false), vec![8]);
+        assert_eq!(inodes(&mut reader, false), vec![8]);
+        assert_eq!(reader.reads(), 5);
+        // Watching stopped: back to reading every time.
+        changes.unwatched();
+        assert_eq!(inodes(&mut reader, false), vec![8]);
+        assert_eq!(reader.reads(), 6);
+        // A table that cannot be read is an error, and nothing is kept.
+        changes.watching();
+        fs::remove_file(&table).expect("remove table");
+        assert!(reader.mounts(&paths, false).is_err());
+        changes.changed();
+        assert!(reader.mounts(&paths, false).is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn our_own_netns_is_found_by_a_full_scan() {

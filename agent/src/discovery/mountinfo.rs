@@ -42,6 +42,11 @@ pub fn parse_ns_link(text: &str) -> Option<u32> {
 pub fn parse(text: &str) -> Vec<NetnsMount> {
     let mut out = Vec::new();
     for line in text.lines() {
+        // Most lines are not nsfs: skip them before splitting. Spaces in
+        // paths are escaped (`\040`), so this only matches the separator.
+        if !line.contains(" - nsfs ") {
+            continue;
+        }
         let mut fields = line.split(' ');
         // id, parent, major:minor, root, mount point
         let (Some(_), Some(_), Some(_), Some(root), Some(mount_point)) =

@@ -9,15 +9,18 @@
 //! its IP is in no live netns. An IP configured in a live netns of another
 //! container while the owner is dead is a CONFLICT: reported, never released.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use super::{
+    claim::Claim,
     index::Index,
     observations::{DeadNetns, LiveNetns, Observations},
     policy::Policy,
-    verdict::{Fact, Status, Verdict, Via},
+    verdict::{BoundBy, Fact, Status, Verdict},
 };
-use crate::ipam::Reservation;
 
 /// How far apart two wall-clock times from different sources (a death
 /// stamped from `CLOCK_MONOTONIC`, a file mtime from the coarse kernel clock)
@@ -30,44 +33,49 @@ pub const WATCH_SLACK: Duration = Duration::from_millis(100);
 
 /// One verdict per reservation, in the same order.
 #[must_use]
-pub fn decide(obs: &Observations, reservations: &[Reservation], now: SystemTime, policy: &Policy) -> Vec<Verdict> {
+pub fn decide<R: Claim + Clone>(
+    obs: &Observations,
+    reservations: &[R],
+    now: SystemTime,
+    policy: &Policy,
+) -> Vec<Verdict<R>> {
     let index = Index::new(obs);
     reservations.iter().map(|r| decide_indexed(&index, r, now, policy)).collect()
 }
 
 /// Where a container's netns stands, from one piece of evidence.
 enum Link<'a> {
-    Live(&'a LiveNetns, Via),
-    Dead(&'a DeadNetns, Via),
+    Live(&'a LiveNetns, BoundBy),
+    Dead(&'a DeadNetns, BoundBy),
     /// Bound to something neither known live nor seen to die.
     Unresolved(Fact, SystemTime),
 }
 
 /// Every netns the reservation's container is known to be tied to.
-fn links<'a>(ix: &Index<'a>, r: &Reservation) -> Vec<Link<'a>> {
-    let cid = r.container_id.as_str();
+fn links<'a>(ix: &Index<'a>, r: &impl Claim) -> Vec<Link<'a>> {
+    let cid = r.container_id();
     let mut out = Vec::new();
-    for b in ix.bindings_of(cid) {
-        let via = Via::Binding { source: b.source, netns: b.netns.clone() };
+    for (b, name) in ix.bindings_of_shared(cid) {
+        let via = BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
         if let Some(live) = ix.live_matching(&b.netns) {
             out.push(Link::Live(live, via));
         } else if let Some(dead) = ix.dead_matching(&b.netns, b.seen_at) {
             out.push(Link::Dead(dead, via));
         } else {
-            let fact = Fact::UnresolvedBinding { netns: b.netns.clone(), source: b.source, seen_at: b.seen_at };
+            let fact = Fact::UnresolvedBinding { netns: name, source: b.source, seen_at: b.seen_at };
             out.push(Link::Unresolved(fact, b.seen_at));
         }
     }
     for live in ix.live_of_container(cid) {
-        out.push(Link::Live(live, Via::Model));
+        out.push(Link::Live(live, BoundBy::Model));
     }
-    for (dead, own) in ix.dead_of_container_or_ip(cid, r.ip) {
+    for (dead, own) in ix.dead_of_container_or_ip(cid, r.ip()) {
         if own {
-            out.push(Link::Dead(dead, Via::Model));
-        } else if dead.died_at >= r.created_at {
+            out.push(Link::Dead(dead, BoundBy::Model));
+        } else if dead.died_at >= r.reserved_at() {
             // Held this reservation's IP after it was made and belonged to
             // no other known container: the reservation's netns.
-            out.push(Link::Dead(dead, Via::Address));
+            out.push(Link::Dead(dead, BoundBy::Address));
         }
     }
     out
@@ -76,15 +84,15 @@ fn links<'a>(ix: &Index<'a>, r: &Reservation) -> Vec<Link<'a>> {
 /// Decides one reservation (builds the lookup tables: for a few; `decide`
 /// shares them across many).
 #[must_use]
-pub fn decide_one(obs: &Observations, r: &Reservation, now: SystemTime, policy: &Policy) -> Verdict {
+pub fn decide_one<R: Claim + Clone>(obs: &Observations, r: &R, now: SystemTime, policy: &Policy) -> Verdict<R> {
     decide_indexed(&Index::new(obs), r, now, policy)
 }
 
-fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Policy) -> Verdict {
+fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, policy: &Policy) -> Verdict<R> {
     let obs = ix.obs;
     // A file stamped in the future (clock step) counts as brand new.
-    let age = now.duration_since(r.created_at).unwrap_or(Duration::ZERO);
-    let cid = r.container_id.as_str();
+    let age = now.duration_since(r.reserved_at()).unwrap_or(Duration::ZERO);
+    let cid = r.container_id();
 
     // Reasons that show the owner alive: any one keeps the reservation.
     let mut in_use = Vec::new();
@@ -93,16 +101,12 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
     let mut ip_elsewhere = Vec::new();
     let mut ip_with_another_container = false;
 
-    for n in ix.live_holding(r.ip) {
-        if n.container_ids.iter().any(|c| c == cid) {
-            in_use.push(Fact::IpInOwnLiveNetns { netns: n.id, paths: n.paths.clone() });
+    for n in ix.live_holding_shared(r.ip()) {
+        if n.containers.iter().any(|c| c == cid) {
+            in_use.push(Fact::IpInOwnLiveNetns { netns: n.netns.id, paths: n.paths });
         } else {
-            ip_with_another_container |= !n.container_ids.is_empty();
-            ip_elsewhere.push(Fact::IpInOtherLiveNetns {
-                netns: n.id,
-                containers: n.container_ids.clone(),
-                paths: n.paths.clone(),
-            });
+            ip_with_another_container |= !n.containers.is_empty();
+            ip_elsewhere.push(Fact::IpInOtherLiveNetns { netns: n.netns.id, containers: n.containers, paths: n.paths });
         }
     }
 
@@ -114,10 +118,10 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
             Link::Live(n, via) => in_use.push(Fact::BoundToLiveNetns { netns: n.id, via }),
             // A netns that died before this reservation was made cannot be
             // where its IP went: the container has a later netns, unknown.
-            Link::Dead(d, via) if d.died_at + CLOCK_SLACK < r.created_at => {
+            Link::Dead(d, via) if d.died_at + CLOCK_SLACK < r.reserved_at() => {
                 unresolved.push((
                     Fact::BoundNetnsDiedBeforeReservation { netns: d.id, died_at: d.died_at, via },
-                    r.created_at,
+                    r.reserved_at(),
                 ));
             }
             Link::Dead(d, via) => dead.push(Fact::BoundNetnsDied { netns: d.id, died_at: d.died_at, via }),
@@ -127,14 +131,14 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
 
     for op in ix.ops_concerning(cid).into_iter().filter(|op| op.in_flight()) {
         pending.push(Fact::CniOpInFlight {
-            container_id: op.container_id.clone(),
-            command: op.command.clone(),
-            plugin: op.plugin.clone(),
+            container_id: op.container_id.as_deref().map(Box::from),
+            command: op.command.as_str().into(),
+            plugin: op.plugin.as_str().into(),
             started_at: op.started_at,
         });
     }
     in_use.extend(super::runtime::keep_facts(ix, cid));
-    for pod in ix.pods_with(r.ip) {
+    for pod in ix.pods_with(r.ip()) {
         in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
     }
     let pending_pods = obs.api_pods.iter().flatten().filter(|p| p.pending && p.cni_containers.iter().any(|c| c == cid));
@@ -210,12 +214,13 @@ fn decide_indexed(ix: &Index<'_>, r: &Reservation, now: SystemTime, policy: &Pol
 /// earlier one), saw the run that made the file: a CNI run of this very container that started after watching
 /// began and before the file was written (its exec record precedes the IPAM
 /// write). Then whether that ADD is in flight is known, not guessed.
-fn cni_runs_watched(ix: &Index<'_>, r: &Reservation) -> bool {
+fn cni_runs_watched(ix: &Index<'_>, r: &impl Claim) -> bool {
     let watched = |t: SystemTime| {
         ix.obs.watching_since.is_some_and(|since| t >= since)
             || ix.obs.watched_before.iter().any(|(since, until)| t >= *since && t <= *until)
     };
-    ix.ops_of_exactly(&r.container_id).any(|op| watched(op.started_at) && op.started_at <= r.created_at + WATCH_SLACK)
+    let reserved_at = r.reserved_at();
+    ix.ops_of_exactly(r.container_id()).any(|op| watched(op.started_at) && op.started_at <= reserved_at + WATCH_SLACK)
 }
 
 /// Why the owner counts as dead: the deaths seen, or the grace that passed.

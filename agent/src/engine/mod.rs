@@ -2,20 +2,22 @@
 //! one verdict per reservation, each with the evidence that decided it. No
 //! I/O and no clock here, so every rule can be tested exhaustively.
 
+pub mod claim;
 pub mod decide;
 pub mod index;
 pub mod observations;
 pub mod policy;
-pub mod report;
 pub mod runtime;
+pub mod scan_report;
 pub mod verdict;
 
 #[cfg(test)]
 mod tests;
 
+pub use claim::Claim;
 pub use decide::{decide, decide_one};
-pub use observations::{ApiPod, Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsRef, Observations};
+pub use observations::{ApiPod, Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsId, NetnsName, Observations};
 pub use policy::{DEFAULT_IN_FLIGHT_GRACE, DEFAULT_ORPHAN_GRACE, Policy};
-pub use report::{NetworkTotals, ScanReport, Sources};
 pub use runtime::{PodRef, RuntimeSandbox, RuntimeView, SandboxState, StuckSandbox};
-pub use verdict::{Evidence, Fact, Status, Verdict, Via};
+pub use scan_report::{NetworkTotals, ScanReport, Sources};
+pub use verdict::{BoundBy, Evidence, Fact, Status, Verdict};

@@ -11,7 +11,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::{cnicache::CachedAttachment, timefmt};
+use crate::timefmt;
 
 pub use crate::identity::NetnsId;
 
@@ -56,7 +56,7 @@ impl Default for DeadNetns {
 /// How a binding names its netns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum NetnsRef {
+pub enum NetnsName {
     /// Resolved when it was seen (stat of `CNI_NETNS` while the netns lived).
     Id(NetnsId),
     /// Only a path (`CNI_NETNS`, the cache's `netns`), matched against the
@@ -64,7 +64,7 @@ pub enum NetnsRef {
     Path(PathBuf),
 }
 
-impl std::fmt::Display for NetnsRef {
+impl std::fmt::Display for NetnsName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Id(id) => id.fmt(f),
@@ -99,7 +99,7 @@ impl std::fmt::Display for BindingSource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Binding {
     pub container_id: String,
-    pub netns: NetnsRef,
+    pub netns: NetnsName,
     pub source: BindingSource,
     #[serde(with = "timefmt::rfc3339")]
     pub seen_at: SystemTime,
@@ -185,22 +185,6 @@ pub struct Observations {
     /// state dir): the same holds for reservations made inside them.
     #[serde(default)]
     pub watched_before: Vec<(SystemTime, SystemTime)>,
-}
-
-impl Observations {
-    /// Adds a binding per cache entry that names a netns path.
-    pub fn add_cached_attachments(&mut self, attachments: &[CachedAttachment]) {
-        for a in attachments {
-            if let Some(netns) = &a.netns {
-                self.bindings.push(Binding {
-                    container_id: a.container_id.clone(),
-                    netns: NetnsRef::Path(PathBuf::from(netns)),
-                    source: BindingSource::CniCache,
-                    seen_at: a.written_at,
-                });
-            }
-        }
-    }
 }
 
 /// `/var/run` is a symlink to `/run` on every current distribution, and

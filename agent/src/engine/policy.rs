@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::timefmt;
+use crate::timefmt;
 
 /// Default [`Policy::in_flight_grace`]: 30 s.
 ///

@@ -1,7 +1,7 @@
 //! The container runtime (CRI) as a second witness: its sandbox list, and
 //! the rules that turn it into reasons to keep or evidence to release.
 //!
-//! The rules, each property-tested in `runtime/tests.rs`:
+//! The rules, each property-tested in `engine/runtime_tests.rs`:
 //! - a READY sandbox keeps every reservation of its ID;
 //! - a NOTREADY sandbox whose netns is alive (the runtime says it did not
 //!   close it, or the kernel has a live netns at its path) keeps them too,
@@ -20,12 +20,13 @@ use std::{collections::BTreeMap, fmt, path::PathBuf, time::SystemTime};
 use serde::{Deserialize, Serialize};
 
 use super::{
+    claim::Claim,
     decide::CLOCK_SLACK,
     index::Index,
-    observations::{NetnsId, NetnsRef, Observations},
+    observations::{NetnsId, NetnsName, Observations},
     verdict::Fact,
 };
-use crate::ipam::{Reservation, timefmt};
+use crate::timefmt;
 
 /// CRI `PodSandboxState`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -210,7 +211,7 @@ fn word<'a>(ix: &Index<'a>, cid: &str) -> Word<'a> {
     if sandbox.state == SandboxState::Ready {
         return Word::Ready(sandbox);
     }
-    let live = sandbox.netns.as_ref().and_then(|p| ix.live_matching(&NetnsRef::Path(p.clone()))).map(|n| n.id);
+    let live = sandbox.netns.as_ref().and_then(|p| ix.live_matching(&NetnsName::Path(p.clone()))).map(|n| n.id);
     match (sandbox.netns_closed, live) {
         (Some(false), _) | (_, Some(_)) => Word::Stuck(sandbox, live),
         (Some(true), None) => Word::Closed(sandbox),
@@ -222,9 +223,9 @@ fn word<'a>(ix: &Index<'a>, cid: &str) -> Word<'a> {
 /// `runtime_sandboxes` list keeps what it names.
 pub(crate) fn keep_facts(ix: &Index<'_>, cid: &str) -> Vec<Fact> {
     match word(ix, cid) {
-        Word::Ready(s) => vec![Fact::Runtime(RuntimeFact::SandboxReady { pod: s.pod.clone() })],
+        Word::Ready(s) => vec![Fact::from(RuntimeFact::SandboxReady { pod: s.pod.clone() })],
         Word::Stuck(s, live) => {
-            vec![Fact::Runtime(RuntimeFact::SandboxStuck { pod: s.pod.clone(), netns: s.netns.clone(), live })]
+            vec![Fact::from(RuntimeFact::SandboxStuck { pod: s.pod.clone(), netns: s.netns.clone(), live })]
         }
         Word::Silent if ix.runtime_lists(cid) == Some(true) => vec![Fact::RuntimeListsSandbox],
         _ => Vec::new(),
@@ -233,15 +234,15 @@ pub(crate) fn keep_facts(ix: &Index<'_>, cid: &str) -> Vec<Fact> {
 
 /// What the runtime adds to an orphaned verdict: how it lists the sandbox,
 /// or that it could not be asked.
-pub(crate) fn release_facts(ix: &Index<'_>, r: &Reservation) -> Vec<Fact> {
+pub(crate) fn release_facts(ix: &Index<'_>, r: &impl Claim) -> Vec<Fact> {
     let obs = ix.obs;
-    let pod = || obs.runtime.as_ref().and_then(|v| v.pod_of(&r.container_id)).cloned();
-    match word(ix, &r.container_id) {
-        Word::Gone => vec![Fact::Runtime(RuntimeFact::SandboxGone { pod: pod() })],
+    let pod = || obs.runtime.as_ref().and_then(|v| v.pod_of(r.container_id())).cloned();
+    match word(ix, r.container_id()) {
+        Word::Gone => vec![Fact::from(RuntimeFact::SandboxGone { pod: pod() })],
         Word::Closed(s) => {
-            vec![Fact::Runtime(RuntimeFact::SandboxNetnsClosed { pod: s.pod.clone(), netns: s.netns.clone() })]
+            vec![Fact::from(RuntimeFact::SandboxNetnsClosed { pod: s.pod.clone(), netns: s.netns.clone() })]
         }
-        Word::NotReady(s) => vec![Fact::Runtime(RuntimeFact::SandboxNotReady { pod: s.pod.clone() })],
+        Word::NotReady(s) => vec![Fact::from(RuntimeFact::SandboxNotReady { pod: s.pod.clone() })],
         // Keeping words never reach an orphaned verdict; say what was seen.
         Word::Ready(_) | Word::Stuck(..) => Vec::new(),
         Word::Silent => match &obs.runtime_sandboxes {
@@ -257,13 +258,13 @@ pub(crate) fn release_facts(ix: &Index<'_>, r: &Reservation) -> Vec<Fact> {
 /// runtime is done with the sandbox (not listed, or NOTREADY with its netns
 /// closed and no live netns at its path), it listed after the reservation
 /// was made, and the reservation's network is one the runtime uses.
-pub(crate) fn says_gone(ix: &Index<'_>, r: &Reservation) -> Option<Vec<Fact>> {
+pub(crate) fn says_gone(ix: &Index<'_>, r: &impl Claim) -> Option<Vec<Fact>> {
     let view = ix.obs.runtime.as_ref()?;
-    if r.created_at + CLOCK_SLACK > view.listed_at || !view.judges_network(&r.network) {
+    if r.reserved_at() + CLOCK_SLACK > view.listed_at || !view.judges_network(r.network()) {
         return None;
     }
-    match word(ix, &r.container_id) {
-        Word::Gone | Word::Closed(_) => Some(vec![Fact::Runtime(RuntimeFact::GoneWithItsNetns)]),
+    match word(ix, r.container_id()) {
+        Word::Gone | Word::Closed(_) => Some(vec![Fact::from(RuntimeFact::GoneWithItsNetns)]),
         _ => None,
     }
 }

@@ -14,9 +14,9 @@ use super::*;
 use crate::{
     engine::{
         Binding, BindingSource, CniOp, DeadNetns, LiveNetns, Policy, Status, Verdict, decide_one,
-        observations::NetnsRef,
+        observations::NetnsName,
     },
-    ipam::{Reservation, StoreRef},
+    ipam::{Reservation, ReservationData, StoreRef},
 };
 
 fn t(secs: u64) -> SystemTime {
@@ -34,8 +34,8 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
-    Reservation {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
+    Reservation::from(ReservationData {
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
         network: "net1".into(),
         ip: ip(addr),
         container_id: cid.into(),
@@ -43,7 +43,7 @@ fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
         created_at: created,
         path: format!("/var/lib/cni/networks/net1/{addr}").into(),
         inode: 1,
-    }
+    })
 }
 
 fn pod(name: &str) -> PodRef {
@@ -98,8 +98,8 @@ fn a_ready_sandbox_keeps_its_reservations_and_names_its_pod() {
     let obs =
         with_runtime(Observations::default(), Some(view(vec![sandbox("c1", SandboxState::Ready, None, None)], now())));
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
-    assert!(v.summary.contains("pod default/pod-c1"), "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
+    assert!(v.summary().contains("pod default/pod-c1"), "{}", v.summary());
 }
 
 #[test]
@@ -109,15 +109,15 @@ fn a_notready_sandbox_with_its_netns_alive_is_kept_and_stuck() {
     let said = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(false));
     let obs = with_runtime(Observations::default(), Some(view(vec![said], now())));
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
-    assert!(has(&v, |f| matches!(f, Fact::Runtime(RuntimeFact::SandboxStuck { .. }))));
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
+    assert!(has(&v, |f| matches!(f.runtime(), Some(RuntimeFact::SandboxStuck { .. }))));
     assert_eq!(stuck_sandboxes(&obs).len(), 1);
     // ... or by the kernel's (a live netns at its path), whatever it says.
     let closed = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(true));
     let kernel = Observations { live: vec![live_at(5, "/run/netns/cni-1", &[])], ..Default::default() };
     let obs = with_runtime(kernel, Some(view(vec![closed], now())));
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
     let stuck = stuck_sandboxes(&obs);
     assert_eq!(stuck[0].live, Some(NetnsId::new(Some(5), Some(1), None)));
     assert!(stuck[0].to_string().contains("stuck"), "{}", stuck[0]);
@@ -128,15 +128,15 @@ fn gone_from_the_runtime_and_bound_nowhere_needs_no_orphan_grace() {
     // 100 s old: past the in-flight grace (30 s), far from the orphan grace (10 min).
     let r = res("c1", "10.0.0.2", t(NOW_SECS - 100));
     let kernel_only = one(&Observations::default(), &r);
-    assert_eq!(kernel_only.status, Status::Pending, "{}", kernel_only.summary);
+    assert_eq!(kernel_only.status, Status::Pending, "{}", kernel_only.summary());
 
     let mut v = view(vec![], now());
     v.departed.insert("c1".into(), pod("web"));
     let obs = with_runtime(Observations::default(), Some(v));
     let verdict = one(&obs, &r);
-    assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary);
-    assert!(has(&verdict, |f| matches!(f, Fact::Runtime(RuntimeFact::GoneWithItsNetns))));
-    assert!(verdict.summary.contains("does not list its sandbox (pod default/web)"), "{}", verdict.summary);
+    assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
+    assert!(has(&verdict, |f| matches!(f.runtime(), Some(RuntimeFact::GoneWithItsNetns))));
+    assert!(verdict.summary().contains("does not list its sandbox (pod default/web)"), "{}", verdict.summary());
 
     // NOTREADY with its netns closed: the same.
     let closed = sandbox("c1", SandboxState::NotReady, Some("/var/run/netns/cni-1"), Some(true));
@@ -169,7 +169,7 @@ fn gone_never_overrides_a_live_netns_an_in_flight_run_or_youth() {
             live: vec![live_at(5, "/run/netns/x", &[])],
             bindings: vec![Binding {
                 container_id: "c1".into(),
-                netns: NetnsRef::Path("/run/netns/x".into()),
+                netns: NetnsName::Path("/run/netns/x".into()),
                 source: BindingSource::CniExec,
                 seen_at: t(1),
             }],
@@ -209,7 +209,7 @@ fn an_unreachable_runtime_adds_and_removes_nothing() {
 
 #[test]
 fn runtime_facts_round_trip_through_json() {
-    let fact = Fact::Runtime(RuntimeFact::SandboxStuck {
+    let fact = Fact::from(RuntimeFact::SandboxStuck {
         pod: Some(pod("web")),
         netns: Some("/var/run/netns/cni-1".into()),
         live: Some(NetnsId::new(Some(9), Some(3), None)),
@@ -218,7 +218,7 @@ fn runtime_facts_round_trip_through_json() {
     assert_eq!(json["fact"], "runtime");
     assert_eq!(json["runtime"], "sandbox_stuck");
     assert_eq!(serde_json::from_value::<Fact>(json).unwrap(), fact);
-    let gone = Fact::Runtime(RuntimeFact::GoneWithItsNetns);
+    let gone = Fact::from(RuntimeFact::GoneWithItsNetns);
     assert_eq!(serde_json::from_value::<Fact>(serde_json::to_value(&gone).unwrap()).unwrap(), gone);
 }
 
@@ -265,7 +265,7 @@ fn a_dead() -> impl Strategy<Value = DeadNetns> {
         })
 }
 fn a_binding() -> impl Strategy<Value = Binding> {
-    let netns = prop_oneof![a_netns_id().prop_map(NetnsRef::Id), a_path().prop_map(NetnsRef::Path)];
+    let netns = prop_oneof![a_netns_id().prop_map(NetnsName::Id), a_path().prop_map(NetnsName::Path)];
     (a_cid(), netns, a_time()).prop_map(|(container_id, netns, seen_at)| Binding {
         container_id,
         netns,
@@ -326,7 +326,11 @@ fn a_view() -> impl Strategy<Value = RuntimeView> {
         .prop_map(|(sandboxes, listed_at, networks)| RuntimeView { networks, ..view(sandboxes, listed_at) })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {
-    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation { ip, ..res(&cid, "10.0.0.1", created) })
+    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| {
+        let mut r = res(&cid, "10.0.0.1", created);
+        r.ip = ip;
+        r
+    })
 }
 fn a_policy() -> impl Strategy<Value = Policy> {
     (0u64..120, 120u64..12_000)
@@ -341,11 +345,11 @@ fn kernel_holds(obs: &Observations, r: &Reservation, policy: &Policy) -> bool {
         .cni_ops
         .iter()
         .any(|op| op.finished_at.is_none() && op.container_id.as_ref().is_none_or(|c| *c == r.container_id));
-    let bound_live = obs.live.iter().any(|n| n.container_ids.contains(&r.container_id))
+    let bound_live = obs.live.iter().any(|n| n.container_ids.iter().any(|c| *c == r.container_id))
         || obs.bindings.iter().filter(|b| b.container_id == r.container_id).any(|b| {
             obs.live.iter().any(|n| match &b.netns {
-                NetnsRef::Id(id) => n.id.may_be(id),
-                NetnsRef::Path(p) => n.paths.iter().any(|q| super::super::observations::same_netns_path(p, q)),
+                NetnsName::Id(id) => n.id.may_be(id),
+                NetnsName::Path(p) => n.paths.iter().any(|q| super::super::observations::same_netns_path(p, q)),
             })
         });
     let watched = obs.watching_since.is_some_and(|since| {
@@ -365,11 +369,11 @@ proptest! {
     /// READY keeps every reservation of its ID.
     #[test]
     fn ready_keeps(obs in kernel_observations(), v in a_view(), r in a_reservation(), policy in a_policy()) {
-        let ready = v.sandboxes.get(&r.container_id).is_some_and(|s| s.state == SandboxState::Ready);
+        let ready = v.sandboxes.get(r.container_id.as_str()).is_some_and(|s| s.state == SandboxState::Ready);
         let obs = with_runtime(obs, Some(v));
         let verdict = decide_one(&obs, &r, now(), &policy);
         if ready {
-            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
         }
     }
 
@@ -392,9 +396,9 @@ proptest! {
             let expect = s.state == SandboxState::NotReady && netns_alive(s);
             prop_assert_eq!(stuck.iter().any(|x| x.id == s.id), expect, "{:?}", s);
         }
-        if view.sandboxes.get(&r.container_id).is_some_and(|s| s.state == SandboxState::NotReady && netns_alive(s)) {
+        if view.sandboxes.get(r.container_id.as_str()).is_some_and(|s| s.state == SandboxState::NotReady && netns_alive(s)) {
             let verdict = decide_one(&obs, &r, now(), &policy);
-            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary);
+            prop_assert_eq!(verdict.status, Status::InUse, "{}", verdict.summary());
         }
     }
 
@@ -408,7 +412,7 @@ proptest! {
         let obs = with_runtime(obs, Some(v));
         let verdict = decide_one(&obs, &r, now(), &policy);
         if holds {
-            prop_assert_ne!(verdict.status, Status::Orphaned, "{}", verdict.summary);
+            prop_assert_ne!(verdict.status, Status::Orphaned, "{}", verdict.summary());
         }
     }
 
@@ -431,25 +435,25 @@ proptest! {
         obs in kernel_observations(), v in a_view(), r in a_reservation(), policy in a_policy()
     ) {
         let kernel = decide_one(&obs, &r, now(), &policy);
-        let listed = v.sandboxes.get(&r.container_id).cloned();
-        let judges = v.networks.as_ref().is_none_or(|n| n.contains(&r.network));
+        let listed = v.sandboxes.get(r.container_id.as_str()).cloned();
+        let judges = v.networks.as_ref().is_none_or(|n| n.iter().any(|x| *x == r.network));
         let after_reservation = r.created_at + CLOCK_SLACK <= v.listed_at;
         let obs = with_runtime(obs, Some(v));
         let verdict = decide_one(&obs, &r, now(), &policy);
         if verdict.status == Status::Orphaned && kernel.status != Status::Orphaned {
             let done = listed.is_none_or(|s| s.state == SandboxState::NotReady && s.netns_closed == Some(true));
-            prop_assert!(done && judges && after_reservation, "{}", verdict.summary);
-            prop_assert!(has(&verdict, |f| matches!(f, Fact::Runtime(RuntimeFact::GoneWithItsNetns))));
+            prop_assert!(done && judges && after_reservation, "{}", verdict.summary());
+            prop_assert!(has(&verdict, |f| matches!(f.runtime(), Some(RuntimeFact::GoneWithItsNetns))));
             prop_assert!(has(&verdict, |f| matches!(f, Fact::IpInNoLiveNetns)));
         }
         if kernel.status == Status::Orphaned {
             // The kernel's orphans stay orphans unless the runtime keeps them
             // (READY or stuck).
             let keeps = has(&verdict, |f| matches!(
-                f,
-                Fact::Runtime(RuntimeFact::SandboxReady { .. } | RuntimeFact::SandboxStuck { .. })
+                f.runtime(),
+                Some(RuntimeFact::SandboxReady { .. } | RuntimeFact::SandboxStuck { .. })
             ));
-            prop_assert!(verdict.status == Status::Orphaned || keeps, "{}", verdict.summary);
+            prop_assert!(verdict.status == Status::Orphaned || keeps, "{}", verdict.summary());
         }
     }
 }

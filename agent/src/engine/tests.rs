@@ -9,7 +9,7 @@ use std::{
 use proptest::prelude::*;
 
 use super::*;
-use crate::ipam::{Reservation, StoreRef, StoreScan};
+use crate::ipam::{Reservation, ReservationData, StoreRef, StoreScan};
 
 fn t(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
@@ -27,8 +27,8 @@ fn ip(s: &str) -> IpAddr {
 }
 
 fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
-    Reservation {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
+    Reservation::from(ReservationData {
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
         network: "net1".into(),
         ip: ip(addr),
         container_id: cid.into(),
@@ -36,7 +36,7 @@ fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
         created_at: created,
         path: format!("/var/lib/cni/networks/net1/{addr}").into(),
         inode: 1,
-    }
+    })
 }
 
 fn id(inode: u64, nsid: i32) -> NetnsId {
@@ -62,7 +62,7 @@ fn dead(ns: NetnsId, died: SystemTime, cids: &[&str], addrs: &[&str]) -> DeadNet
     }
 }
 
-fn bind(cid: &str, netns: NetnsRef, seen: SystemTime) -> Binding {
+fn bind(cid: &str, netns: NetnsName, seen: SystemTime) -> Binding {
     Binding { container_id: cid.into(), netns, source: BindingSource::CniExec, seen_at: seen }
 }
 
@@ -102,14 +102,14 @@ fn container_bound_to_live_netns_is_in_use_by_id_and_by_path() {
     let r = res("c1", "10.0.0.2", t(0));
     let by_id = Observations {
         live: vec![live(id(5, 1), &[], &[], &[])],
-        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), t(1))],
+        bindings: vec![bind("c1", NetnsName::Id(id(5, 1)), t(1))],
         ..Default::default()
     };
     assert_eq!(one(&by_id, &r).status, Status::InUse);
     // Runtimes say /var/run/netns, mountinfo says /run/netns.
     let by_path = Observations {
         live: vec![live(id(5, 1), &[], &[], &["/run/netns/cni-1"])],
-        bindings: vec![bind("c1", NetnsRef::Path("/var/run/netns/cni-1".into()), t(1))],
+        bindings: vec![bind("c1", NetnsName::Path("/var/run/netns/cni-1".into()), t(1))],
         ..Default::default()
     };
     let v = one(&by_path, &r);
@@ -201,7 +201,7 @@ fn runtime_and_api_only_add_reasons_to_keep() {
     };
     let v = one(&api, &r);
     assert_eq!(v.status, Status::InUse);
-    assert!(v.summary.contains("pod ns/p"));
+    assert!(v.summary().contains("pod ns/p"));
     let unrelated = Observations { runtime_sandboxes: Some(vec!["c9".into()]), api_pods: Some(vec![]), ..base };
     let v = one(&unrelated, &r);
     assert_eq!(v.status, Status::Orphaned);
@@ -224,10 +224,35 @@ fn a_pending_pod_named_by_a_cni_run_keeps_its_containers_reservations() {
     };
     let with = |p: ApiPod| Observations { api_pods: Some(vec![p]), ..base.clone() };
     let v = one(&with(pod(true, &["c1"])), &r);
-    assert_eq!(v.status, Status::InUse, "{}", v.summary);
+    assert_eq!(v.status, Status::InUse, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::ApiPendingPodNamedByCniRun { name, .. } if name == "p")));
     assert_eq!(one(&with(pod(false, &["c1"])), &r).status, Status::Orphaned);
     assert_eq!(one(&with(pod(true, &["c2"])), &r).status, Status::Orphaned);
+}
+
+/// Sentences are rendered when read, not stored: the JSON still carries
+/// each fact's `text` and the verdict's `summary`, exactly as the sentences
+/// read, and reads back to the same verdict.
+#[test]
+fn verdict_json_carries_rendered_sentences_and_reads_back() {
+    let r = res("c1", "10.0.0.2", now() - Duration::from_secs(40));
+    let obs = Observations {
+        live: vec![live(id(6, 2), &["c2"], &["10.0.0.3"], &["/run/netns/cni-2"])],
+        dead: vec![dead(id(5, 1), now() - Duration::from_secs(1), &[], &[])],
+        bindings: vec![bind("c1", NetnsName::Id(id(5, 1)), now() - Duration::from_secs(40))],
+        ..Default::default()
+    };
+    let v = one(&obs, &r);
+    let json = serde_json::to_value(&v).unwrap();
+    assert_eq!(json["summary"], v.summary());
+    assert!(v.summary().starts_with("net1 10.0.0.2 (c1 of host-local /var/lib/cni/networks): orphaned: its netns"));
+    let texts: Vec<&str> = json["evidence"].as_array().unwrap().iter().map(|e| e["text"].as_str().unwrap()).collect();
+    assert_eq!(texts, v.evidence_text());
+    assert_eq!(json["evidence"][0]["fact"], "bound_netns_died");
+    assert_eq!(json["evidence"][0]["via"]["binding"]["source"], "cni_exec");
+    assert_eq!(json["reservation"]["container_id"], "c1");
+    let back: Verdict = serde_json::from_value(json).unwrap();
+    assert_eq!(back, v);
 }
 
 #[test]
@@ -235,11 +260,11 @@ fn bound_netns_seen_to_die_is_orphaned_without_waiting_for_the_orphan_grace() {
     let r = res("c1", "10.0.0.2", now() - Duration::from_secs(40));
     let obs = Observations {
         dead: vec![dead(id(5, 1), now() - Duration::from_secs(1), &[], &[])],
-        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), now() - Duration::from_secs(40))],
+        bindings: vec![bind("c1", NetnsName::Id(id(5, 1)), now() - Duration::from_secs(40))],
         ..Default::default()
     };
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::Orphaned, "{}", v.summary);
+    assert_eq!(v.status, Status::Orphaned, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { .. })));
     assert!(has(&v, |f| matches!(f, Fact::IpInNoLiveNetns)));
 }
@@ -294,24 +319,24 @@ fn a_reused_inode_is_told_apart_by_nsid_and_time() {
     let reused = Observations {
         live: vec![live(id(5, 2), &[], &[], &[])],
         dead: vec![dead(id(5, 1), t(100), &[], &[])],
-        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), t(10))],
+        bindings: vec![bind("c1", NetnsName::Id(id(5, 1)), t(10))],
         ..Default::default()
     };
     assert_eq!(one(&reused, &r).status, Status::Orphaned);
     // Without an nsid the binding may be the live one: keep.
     let ambiguous = Observations {
-        bindings: vec![bind("c1", NetnsRef::Id(NetnsId::new(Some(5), None, None)), t(10))],
+        bindings: vec![bind("c1", NetnsName::Id(NetnsId::new(Some(5), None, None)), t(10))],
         ..reused.clone()
     };
     assert_eq!(one(&ambiguous, &r).status, Status::InUse);
     // A binding seen after that death cannot be about the dead netns.
     let later = Observations {
         live: vec![],
-        bindings: vec![bind("c1", NetnsRef::Id(id(5, 1)), now() - Duration::from_mins(1))],
+        bindings: vec![bind("c1", NetnsName::Id(id(5, 1)), now() - Duration::from_mins(1))],
         ..reused
     };
     let v = one(&later, &r);
-    assert_eq!(v.status, Status::Pending, "{}", v.summary);
+    assert_eq!(v.status, Status::Pending, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::UnresolvedBinding { .. })));
 }
 
@@ -321,7 +346,7 @@ fn a_netns_that_died_before_the_reservation_is_not_its_death() {
     let obs =
         Observations { dead: vec![dead(id(5, 1), now() - Duration::from_mins(5), &["c1"], &[])], ..Default::default() };
     let v = one(&obs, &r);
-    assert_eq!(v.status, Status::Pending, "{}", v.summary);
+    assert_eq!(v.status, Status::Pending, "{}", v.summary());
     assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDiedBeforeReservation { .. })));
     // Within the clock slack the order of the two clocks is not trusted.
     let close =
@@ -342,7 +367,7 @@ fn a_dead_netns_that_held_the_ip_counts_only_when_it_can_be_the_owners() {
     let held = Observations { dead: vec![dead(id(5, 1), t(200), &[], &["10.0.0.2"])], ..Default::default() };
     let v = one(&held, &r);
     assert_eq!(v.status, Status::Orphaned);
-    assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { via: Via::Address, .. })));
+    assert!(has(&v, |f| matches!(f, Fact::BoundNetnsDied { via: BoundBy::Address, .. })));
     // Died before the reservation was made: a previous holder of the IP.
     let before = Observations { dead: vec![dead(id(5, 1), t(50), &[], &["10.0.0.2"])], ..Default::default() };
     let r_recent = res("c1", "10.0.0.2", now() - Duration::from_mins(1));
@@ -413,8 +438,8 @@ fn a_time() -> impl Strategy<Value = SystemTime> {
 fn a_netns_id() -> impl Strategy<Value = NetnsId> {
     (1u64..4, prop::option::of(0i32..2)).prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
 }
-fn a_netns_ref() -> impl Strategy<Value = NetnsRef> {
-    prop_oneof![a_netns_id().prop_map(NetnsRef::Id), a_path().prop_map(NetnsRef::Path)]
+fn a_netns_ref() -> impl Strategy<Value = NetnsName> {
+    prop_oneof![a_netns_id().prop_map(NetnsName::Id), a_path().prop_map(NetnsName::Path)]
 }
 fn a_live() -> impl Strategy<Value = LiveNetns> {
     (
@@ -499,7 +524,11 @@ fn observations() -> impl Strategy<Value = Observations> {
         )
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {
-    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| Reservation { ip, ..res(&cid, "10.0.0.1", created) })
+    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| {
+        let mut r = res(&cid, "10.0.0.1", created);
+        r.ip = ip;
+        r
+    })
 }
 fn a_policy() -> impl Strategy<Value = Policy> {
     (0u64..120, 0u64..12_000)
@@ -515,11 +544,11 @@ fn op_in_flight(obs: &Observations, r: &Reservation) -> bool {
     obs.cni_ops.iter().any(|op| op.finished_at.is_none() && op.container_id.as_deref() == Some(r.container_id.as_str()))
 }
 fn bound_netns_alive(obs: &Observations, r: &Reservation) -> bool {
-    let by_model = obs.live.iter().any(|n| n.container_ids.contains(&r.container_id));
+    let by_model = obs.live.iter().any(|n| n.container_ids.iter().any(|c| *c == r.container_id));
     let by_binding = obs.bindings.iter().filter(|b| b.container_id == r.container_id).any(|b| {
         obs.live.iter().any(|n| match &b.netns {
-            NetnsRef::Id(id) => n.id == *id,
-            NetnsRef::Path(p) => n.paths.contains(p),
+            NetnsName::Id(id) => n.id == *id,
+            NetnsName::Path(p) => n.paths.contains(p),
         })
     });
     by_model || by_binding
@@ -532,16 +561,16 @@ proptest! {
     fn live_evidence_is_never_orphaned(obs in observations(), r in a_reservation(), policy in a_policy()) {
         let v = decide_one(&obs, &r, now(), &policy);
         if ip_in_live_netns(&obs, &r) {
-            prop_assert_ne!(v.status, Status::Orphaned, "IP configured in a live netns: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "IP configured in a live netns: {}", v.summary());
         }
         if op_in_flight(&obs, &r) {
-            prop_assert_ne!(v.status, Status::Orphaned, "CNI op in flight: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "CNI op in flight: {}", v.summary());
         }
         if bound_netns_alive(&obs, &r) {
-            prop_assert_ne!(v.status, Status::Orphaned, "bound netns alive: {}", v.summary);
-            prop_assert_eq!(v.status, Status::InUse, "bound netns alive: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "bound netns alive: {}", v.summary());
+            prop_assert_eq!(v.status, Status::InUse, "bound netns alive: {}", v.summary());
         }
-        if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.contains(&r.container_id)) {
+        if obs.runtime_sandboxes.as_ref().is_some_and(|s| s.iter().any(|c| *c == r.container_id)) {
             prop_assert_eq!(v.status, Status::InUse);
         }
         let watched = obs.watching_since.is_some_and(|since| {
@@ -552,7 +581,7 @@ proptest! {
             })
         });
         if !watched && now().duration_since(r.created_at).map_or(true, |age| age < policy.in_flight_grace) {
-            prop_assert_ne!(v.status, Status::Orphaned, "young and not watched: {}", v.summary);
+            prop_assert_ne!(v.status, Status::Orphaned, "young and not watched: {}", v.summary());
         }
     }
 
@@ -564,9 +593,9 @@ proptest! {
                 f,
                 Fact::BoundNetnsDied { .. } | Fact::NeverSeenBound { .. } | Fact::NoLiveBindingPastGrace { .. }
             ));
-            prop_assert!(death, "orphaned without a death or grace: {}", v.summary);
+            prop_assert!(death, "orphaned without a death or grace: {}", v.summary());
             let no_ip = has(&v, |f| matches!(f, Fact::IpInNoLiveNetns));
-            prop_assert!(no_ip, "orphaned without IpInNoLiveNetns: {}", v.summary);
+            prop_assert!(no_ip, "orphaned without IpInNoLiveNetns: {}", v.summary());
         }
         prop_assert!(!v.evidence.is_empty());
     }
@@ -619,15 +648,15 @@ proptest! {
         use super::{index::Index, observations::same_netns_path};
         let ix = Index::new(&obs);
         let live_linear = obs.live.iter().find(|n| match &netns {
-            NetnsRef::Id(id) => n.id.may_be(id),
-            NetnsRef::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
+            NetnsName::Id(id) => n.id.may_be(id),
+            NetnsName::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
         });
         prop_assert_eq!(ix.live_matching(&netns), live_linear);
         let dead_linear = obs.dead.iter().find(|d| {
             seen_at <= d.died_at
                 && match &netns {
-                    NetnsRef::Id(id) => d.id.may_be(id),
-                    NetnsRef::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
+                    NetnsName::Id(id) => d.id.may_be(id),
+                    NetnsName::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
                 }
         });
         prop_assert_eq!(ix.dead_matching(&netns, seen_at), dead_linear);

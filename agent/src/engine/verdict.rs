@@ -4,13 +4,15 @@
 use std::{
     fmt,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use serde::{Deserialize, Serialize};
 
-use super::observations::{BindingSource, NetnsId, NetnsRef};
-use crate::ipam::{Reservation, timefmt};
+use super::claim::Claim;
+use super::observations::{BindingSource, NetnsId, NetnsName};
+use crate::{ipam::Reservation, timefmt};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -37,19 +39,21 @@ impl fmt::Display for Status {
     }
 }
 
-/// How a container came to be tied to a netns.
+/// How a container came to be tied to a netns (not how a task entered
+/// one, which is `kernel::events::NetnsVia`). Written as `via` in facts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Via {
-    /// A binding (CNI run, cache entry, runtime).
-    Binding { source: BindingSource, netns: NetnsRef },
+pub enum BoundBy {
+    /// A binding (CNI run, cache entry, runtime). The name is shared with
+    /// every verdict that cites the same binding.
+    Binding { source: BindingSource, netns: Arc<NetnsName> },
     /// The model lists the container on the netns.
     Model,
     /// The reservation's IP was configured in that netns.
     Address,
 }
 
-impl fmt::Display for Via {
+impl fmt::Display for BoundBy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Binding { source: BindingSource::CniExec, netns } => write!(f, "CNI_NETNS {netns} of a CNI run"),
@@ -61,30 +65,32 @@ impl fmt::Display for Via {
     }
 }
 
-/// One fact the engine relied on.
+/// One fact the engine relied on. Kept small (every verdict holds a few):
+/// lists of paths and containers are shared with the netns they describe,
+/// the rare large payloads are boxed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "fact", rename_all = "snake_case")]
 pub enum Fact {
     /// The IP is configured in a live netns of its own container.
     IpInOwnLiveNetns {
         netns: NetnsId,
-        paths: Vec<PathBuf>,
+        paths: Arc<[PathBuf]>,
     },
     /// The IP is configured in a live netns whose containers are unknown or
     /// others than the reservation's.
     IpInOtherLiveNetns {
         netns: NetnsId,
-        containers: Vec<String>,
-        paths: Vec<PathBuf>,
+        containers: Arc<[String]>,
+        paths: Arc<[PathBuf]>,
     },
     BoundToLiveNetns {
         netns: NetnsId,
-        via: Via,
+        via: BoundBy,
     },
     CniOpInFlight {
-        container_id: Option<String>,
-        command: String,
-        plugin: String,
+        container_id: Option<Box<str>>,
+        command: Box<str>,
+        plugin: Box<str>,
         #[serde(with = "timefmt::rfc3339")]
         started_at: SystemTime,
     },
@@ -114,7 +120,7 @@ pub enum Fact {
     },
     /// A binding whose netns is neither known live nor seen to die.
     UnresolvedBinding {
-        netns: NetnsRef,
+        netns: Arc<NetnsName>,
         source: BindingSource,
         #[serde(with = "timefmt::rfc3339")]
         seen_at: SystemTime,
@@ -123,7 +129,7 @@ pub enum Fact {
         netns: NetnsId,
         #[serde(with = "timefmt::rfc3339")]
         died_at: SystemTime,
-        via: Via,
+        via: BoundBy,
     },
     /// Its container's netns died before the reservation was made: the
     /// reservation belongs to a later netns nobody has seen.
@@ -131,7 +137,7 @@ pub enum Fact {
         netns: NetnsId,
         #[serde(with = "timefmt::rfc3339")]
         died_at: SystemTime,
-        via: Via,
+        via: BoundBy,
     },
     NeverSeenBound {
         #[serde(with = "timefmt::duration")]
@@ -151,11 +157,28 @@ pub enum Fact {
     NoCniOpInFlight,
     RuntimeDoesNotListSandbox,
     /// What the container runtime says (engine/runtime.rs).
-    Runtime(super::runtime::RuntimeFact),
+    Runtime(Box<super::runtime::RuntimeFact>),
     /// An optional source was not available to check.
     SourceUnavailable {
         source: String,
     },
+}
+
+impl From<super::runtime::RuntimeFact> for Fact {
+    fn from(fact: super::runtime::RuntimeFact) -> Self {
+        Self::Runtime(Box::new(fact))
+    }
+}
+
+impl Fact {
+    /// The runtime's word, when this fact is one.
+    #[must_use]
+    pub fn runtime(&self) -> Option<&super::runtime::RuntimeFact> {
+        match self {
+            Self::Runtime(fact) => Some(fact),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Fact {
@@ -223,49 +246,149 @@ impl fmt::Display for Fact {
     }
 }
 
-/// A fact with its sentence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A fact the engine relied on. Its sentence is rendered only when someone
+/// reads it ([`Evidence::text`], or serialization, which writes it as
+/// `text` beside the fact's fields): a node with 100k reservations keeps
+/// 100k verdicts, and almost none of them is ever printed.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Evidence {
-    #[serde(flatten)]
     pub fact: Fact,
-    pub text: String,
+}
+
+impl Evidence {
+    /// The sentence for a person (what the event stream and reports show).
+    #[must_use]
+    pub fn text(&self) -> String {
+        self.fact.to_string()
+    }
 }
 
 impl From<Fact> for Evidence {
     fn from(fact: Fact) -> Self {
-        let text = fact.to_string();
-        Self { fact, text }
+        Self { fact }
     }
 }
 
-/// The engine's decision about one reservation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Verdict {
-    pub reservation: Reservation,
+impl fmt::Display for Evidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fact.fmt(f)
+    }
+}
+
+/// The wire form of [`Evidence`]: the fact's fields and its sentence.
+#[derive(Serialize)]
+struct EvidenceOut<'a> {
+    #[serde(flatten)]
+    fact: &'a Fact,
+    text: String,
+}
+
+/// Reading it back: the sentence is derived, so it is not read.
+#[derive(Deserialize)]
+struct EvidenceIn {
+    #[serde(flatten)]
+    fact: Fact,
+}
+
+impl Serialize for Evidence {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        EvidenceOut { fact: &self.fact, text: self.text() }.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Evidence {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        EvidenceIn::deserialize(d).map(|e| Self { fact: e.fact })
+    }
+}
+
+/// The engine's decision about one reservation. `R` is the caller's
+/// reservation, which the engine reads only through [`Claim`] and hands
+/// back untouched; it defaults to the IPAM stores' reservation, which is
+/// what every caller in netreap judges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict<R = Reservation> {
+    pub reservation: R,
     pub status: Status,
     /// The facts that decided it, the deciding ones first.
     pub evidence: Vec<Evidence>,
-    /// One line for a person.
-    pub summary: String,
 }
 
-impl Verdict {
-    pub(crate) fn new(reservation: &Reservation, status: Status, facts: Vec<Fact>) -> Self {
-        let evidence: Vec<Evidence> = facts.into_iter().map(Evidence::from).collect();
-        let reasons: Vec<&str> = evidence.iter().map(|e| e.text.as_str()).collect();
-        let summary = format!(
-            "{} {} ({} of {}): {status}: {}",
-            reservation.network,
-            reservation.ip,
-            reservation.container_id,
-            reservation.store,
-            reasons.join("; ")
-        );
-        Self { reservation: reservation.clone(), status, evidence, summary }
+impl<R: Claim + Clone> Verdict<R> {
+    pub(crate) fn new(reservation: &R, status: Status, facts: Vec<Fact>) -> Self {
+        let mut evidence: Vec<Evidence> = facts.into_iter().map(Evidence::from).collect();
+        // Kept for as long as the verdict is: no spare capacity.
+        evidence.shrink_to_fit();
+        Self { reservation: reservation.clone(), status, evidence }
     }
+}
 
+impl<R> Verdict<R> {
     #[must_use]
     pub fn is_orphaned(&self) -> bool {
         self.status == Status::Orphaned
+    }
+
+    /// Each fact's sentence, deciding ones first (the `evidence` of events).
+    #[must_use]
+    pub fn evidence_text(&self) -> Vec<String> {
+        self.evidence.iter().map(Evidence::text).collect()
+    }
+}
+
+impl<R: fmt::Display> Verdict<R> {
+    /// One line for a person: the reservation, its status and every reason.
+    #[must_use]
+    pub fn summary(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// The summary: "net1 10.0.0.2 (c1 of host-local /var/lib/cni/networks):
+/// orphaned: reason; reason".
+impl<R: fmt::Display> fmt::Display for Verdict<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: ", self.reservation, self.status)?;
+        for (i, e) in self.evidence.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            e.fact.fmt(f)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Serialize)]
+struct VerdictOut<'a, R> {
+    reservation: &'a R,
+    status: Status,
+    evidence: &'a [Evidence],
+    summary: String,
+}
+
+#[derive(Deserialize)]
+struct VerdictIn<R> {
+    reservation: R,
+    status: Status,
+    evidence: Vec<Evidence>,
+}
+
+/// Written as before the sentences became derived: `summary` included.
+impl<R: Serialize + fmt::Display> Serialize for Verdict<R> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        VerdictOut {
+            reservation: &self.reservation,
+            status: self.status,
+            evidence: &self.evidence,
+            summary: self.summary(),
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de, R: Deserialize<'de>> Deserialize<'de> for Verdict<R> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        VerdictIn::deserialize(d).map(|v| Self { reservation: v.reservation, status: v.status, evidence: v.evidence })
     }
 }

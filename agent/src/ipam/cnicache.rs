@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 use super::{
     Anomaly, AnomalyKind, StoreRef,
     safefs::{self, Bounded, Dir},
+};
+use crate::{
+    engine::{Binding, BindingSource, NetnsName},
     timefmt,
 };
 
@@ -43,6 +46,21 @@ pub struct CachedAttachment {
     #[serde(with = "timefmt::rfc3339")]
     pub written_at: SystemTime,
     pub inode: u64,
+}
+
+impl CachedAttachment {
+    /// The engine's binding "container -> netns path" this entry records,
+    /// when it names a netns.
+    #[must_use]
+    pub fn binding(&self) -> Option<Binding> {
+        let netns = self.netns.as_ref()?;
+        Some(Binding {
+            container_id: self.container_id.clone(),
+            netns: NetnsName::Path(PathBuf::from(netns)),
+            source: BindingSource::CniCache,
+            seen_at: self.written_at,
+        })
+    }
 }
 
 /// What a scan of the cache found.

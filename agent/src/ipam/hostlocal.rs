@@ -9,12 +9,15 @@ use std::{
     net::IpAddr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
 use super::{
-    Anomaly, AnomalyKind, Owner, Reservation, ReservationStore, StoreRef, StoreScan, is_printable_text,
-    safefs::{self, Bounded, Dir},
+    Anomaly, AnomalyKind, Owner, Reservation, ReservationData, ReservationStore, StoreRef, StoreScan,
+    is_printable_text,
+    safefs::{self, Dir},
+    shared::Interner,
 };
 
 /// Where host-local keeps its data when the config names no `dataDir`.
@@ -72,6 +75,13 @@ pub fn classify_name(name: &str) -> EntryName {
 /// Parses a reservation file's content the way the plugin matches it
 /// (`strings.TrimSpace(data) == id + "\r\n" + ifname`, or `== id` for legacy).
 pub fn parse_owner(content: &[u8]) -> Result<Owner, (AnomalyKind, String)> {
+    let (id, ifname) = parse_owner_parts(content)?;
+    Ok(Owner { container_id: id.to_owned(), ifname: ifname.map(str::to_owned) })
+}
+
+/// [`parse_owner`] without copying: container ID and ifname borrow from
+/// `content`.
+fn parse_owner_parts(content: &[u8]) -> Result<(&str, Option<&str>), (AnomalyKind, String)> {
     let Ok(text) = std::str::from_utf8(content) else {
         return Err((AnomalyKind::BinaryContent, "content is not valid UTF-8".into()));
     };
@@ -95,7 +105,7 @@ pub fn parse_owner(content: &[u8]) -> Result<Owner, (AnomalyKind, String)> {
     {
         return Err((AnomalyKind::MalformedContent, format!("interface name {ifname:?} is empty or holds whitespace")));
     }
-    Ok(Owner { container_id: id.to_owned(), ifname: ifname.map(str::to_owned) })
+    Ok((id, ifname))
 }
 
 /// The result of reading one reservation file.
@@ -110,27 +120,45 @@ pub(crate) enum ReadOwner {
 /// Reads and parses `name` in an opened network directory, without
 /// following symlinks or blocking on FIFOs.
 pub(crate) fn read_owner(dir: &Dir, name: &str) -> ReadOwner {
-    match safefs::read_bounded(dir, name, MAX_RESERVATION_BYTES) {
-        Ok(Bounded::Content(bytes, meta)) => match parse_owner(&bytes) {
-            Ok(owner) => ReadOwner::Owner(owner, meta),
-            Err((kind, detail)) => ReadOwner::Anomaly(kind, detail),
-        },
-        Ok(Bounded::NotRegular(meta)) => {
+    let mut scratch = Vec::new();
+    match read_owner_into(dir, name, &mut scratch) {
+        Ok(Some(((id, ifname), meta))) => {
+            ReadOwner::Owner(Owner { container_id: id.to_owned(), ifname: ifname.map(str::to_owned) }, meta)
+        }
+        Ok(None) => ReadOwner::Gone,
+        Err((kind, detail)) => ReadOwner::Anomaly(kind, detail),
+    }
+}
+
+/// The owner a reservation file names, borrowed from `scratch`
+/// (container ID, ifname), with the file's metadata.
+type OwnerParts<'b> = ((&'b str, Option<&'b str>), fs::Metadata);
+
+/// [`read_owner`] into a buffer reused from file to file. `Ok(None)`: the
+/// file is gone.
+fn read_owner_into<'b>(
+    dir: &Dir,
+    name: &str,
+    scratch: &'b mut Vec<u8>,
+) -> Result<Option<OwnerParts<'b>>, (AnomalyKind, String)> {
+    match safefs::read_bounded_into(dir, name, MAX_RESERVATION_BYTES, scratch) {
+        Ok(safefs::Read::Content(meta)) => parse_owner_parts(scratch).map(|parts| Some((parts, meta))),
+        Ok(safefs::Read::NotRegular(meta)) => {
             if meta.is_dir() {
-                ReadOwner::Anomaly(AnomalyKind::Directory, "a directory named as an IP".into())
+                Err((AnomalyKind::Directory, "a directory named as an IP".into()))
             } else {
-                ReadOwner::Anomaly(AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.mode()))
+                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.mode())))
             }
         }
-        Ok(Bounded::TooLarge(meta)) => ReadOwner::Anomaly(
+        Ok(safefs::Read::TooLarge(meta)) => Err((
             AnomalyKind::Oversized,
             format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.size()),
-        ),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => ReadOwner::Gone,
+        )),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            ReadOwner::Anomaly(AnomalyKind::Symlink, "a symlink; never followed".into())
+            Err((AnomalyKind::Symlink, "a symlink; never followed".into()))
         }
-        Err(e) => ReadOwner::Anomaly(AnomalyKind::Unreadable, e.to_string()),
+        Err(e) => Err((AnomalyKind::Unreadable, e.to_string())),
     }
 }
 
@@ -151,11 +179,12 @@ impl HostLocalStore {
         &self.data_dir
     }
 
-    /// Scans one network directory (`network` already validated).
-    fn scan_network(&self, network: &str, out: &mut StoreScan) {
-        let store = self.store_ref();
+    /// Scans one network directory (`network` already validated), one
+    /// entry at a time: each file is read into one reused buffer, parsed,
+    /// and only its compact [`Reservation`] is kept.
+    fn scan_network(&self, store: &Arc<StoreRef>, network: &str, names: &mut Interner, out: &mut StoreScan) {
         let net_path = self.data_dir.join(network);
-        let anomaly = |path: &Path, kind, detail: String| Anomaly::new(&store, Some(network), path, kind, detail);
+        let anomaly = |path: &Path, kind, detail: String| Anomaly::new(store, Some(network), path, kind, detail);
         let dir = match Dir::open(&net_path) {
             Ok(dir) => dir,
             Err(e) => {
@@ -170,6 +199,8 @@ impl HostLocalStore {
                 return;
             }
         };
+        let network_name = names.intern(network);
+        let mut scratch = Vec::with_capacity(usize::try_from(MAX_RESERVATION_BYTES).unwrap_or(1024) + 1);
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
@@ -178,39 +209,39 @@ impl HostLocalStore {
                     continue;
                 }
             };
-            let path = entry.path();
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                out.anomalies.push(anomaly(&path, AnomalyKind::UnparsableName, "name is not UTF-8".into()));
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str() else {
+                out.anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, "name is not UTF-8".into()));
                 continue;
             };
-            let ip = match classify_name(&name) {
+            let ip = match classify_name(name) {
                 EntryName::Lock | EntryName::LastReserved => continue,
                 EntryName::Ip(ip) => ip,
                 EntryName::NonCanonicalIp(ip) => {
                     let detail = format!("{name:?} parses as an IP, but host-local would name it {ip}");
-                    out.anomalies.push(anomaly(&path, AnomalyKind::NonCanonicalName, detail));
+                    out.anomalies.push(anomaly(&entry.path(), AnomalyKind::NonCanonicalName, detail));
                     continue;
                 }
                 EntryName::NotIp => {
                     let detail = format!("{name:?} is not an IP address");
-                    out.anomalies.push(anomaly(&path, AnomalyKind::UnparsableName, detail));
+                    out.anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, detail));
                     continue;
                 }
             };
-            match read_owner(&dir, &name) {
-                ReadOwner::Owner(owner, meta) => out.reservations.push(Reservation {
-                    store: store.clone(),
-                    network: network.to_owned(),
+            match read_owner_into(&dir, name, &mut scratch) {
+                Ok(Some(((id, ifname), meta))) => out.reservations.push(Reservation::from(ReservationData {
+                    store: Arc::clone(store),
+                    network: network_name.clone(),
                     ip,
-                    container_id: owner.container_id,
-                    ifname: owner.ifname,
+                    container_id: names.intern(id),
+                    ifname: ifname.map(|i| names.intern(i)),
                     created_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    path,
+                    path: entry.path(),
                     inode: meta.ino(),
-                }),
+                })),
                 // Released by the plugin between listing and reading.
-                ReadOwner::Gone => {}
-                ReadOwner::Anomaly(kind, detail) => out.anomalies.push(anomaly(&path, kind, detail)),
+                Ok(None) => {}
+                Err((kind, detail)) => out.anomalies.push(anomaly(&entry.path(), kind, detail)),
             }
         }
     }
@@ -222,7 +253,8 @@ impl ReservationStore for HostLocalStore {
     }
 
     fn scan(&self) -> StoreScan {
-        let store = self.store_ref();
+        let store = Arc::new(self.store_ref());
+        let mut names = Interner::new();
         let mut out = StoreScan::default();
         let root = &self.data_dir;
         let entries = match fs::read_dir(root) {
@@ -249,7 +281,7 @@ impl ReservationStore for HostLocalStore {
                 continue;
             };
             match entry.file_type() {
-                Ok(t) if t.is_dir() => self.scan_network(&name, &mut out),
+                Ok(t) if t.is_dir() => self.scan_network(&store, &name, &mut names, &mut out),
                 Ok(t) if t.is_symlink() => {
                     let detail = "a symlink where a network directory was expected; never followed";
                     out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Symlink, detail));

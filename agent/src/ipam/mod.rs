@@ -9,16 +9,20 @@
 pub mod cnicache;
 pub mod hostlocal;
 pub(crate) mod safefs;
-pub mod timefmt;
+pub mod shared;
 
 use std::{
     fmt,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
 use serde::{Deserialize, Serialize};
+pub use shared::SharedStr;
+
+use crate::timefmt;
 
 /// Which store a reservation or anomaly belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -59,15 +63,26 @@ impl fmt::Display for Owner {
     }
 }
 
-/// One IP reserved in one store for one container.
+/// One IP reserved in one store for one container. A handle: clones share
+/// one [`ReservationData`] (a verdict, an intent and a retry entry all hold
+/// the reservation they are about, and a node has one per pod and network).
+/// Reads as its fields (`r.ip`); writing a field (tests forging one) copies
+/// it first if it is shared.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Reservation(Arc<ReservationData>);
+
+/// What a store records for one reservation. Compact: the store, network,
+/// container ID and ifname are shared with every other reservation that
+/// names them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Reservation {
-    pub store: StoreRef,
-    pub network: String,
+pub struct ReservationData {
+    pub store: Arc<StoreRef>,
+    pub network: SharedStr,
     pub ip: IpAddr,
-    pub container_id: String,
+    pub container_id: SharedStr,
     /// None for legacy files (only the container ID).
-    pub ifname: Option<String>,
+    pub ifname: Option<SharedStr>,
     /// The file's mtime: host-local writes it once, when it reserves.
     #[serde(with = "timefmt::rfc3339")]
     pub created_at: SystemTime,
@@ -78,10 +93,63 @@ pub struct Reservation {
     pub inode: u64,
 }
 
+impl From<ReservationData> for Reservation {
+    fn from(data: ReservationData) -> Self {
+        Self(Arc::new(data))
+    }
+}
+
+impl std::ops::Deref for Reservation {
+    type Target = ReservationData;
+
+    fn deref(&self) -> &ReservationData {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reservation {
+    fn deref_mut(&mut self) -> &mut ReservationData {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+impl fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl Reservation {
     #[must_use]
     pub fn owner(&self) -> Owner {
-        Owner { container_id: self.container_id.clone(), ifname: self.ifname.clone() }
+        Owner { container_id: self.container_id.to_string(), ifname: self.ifname.as_ref().map(ToString::to_string) }
+    }
+}
+
+/// What the engine judges of a reservation.
+impl crate::engine::Claim for Reservation {
+    fn ip(&self) -> IpAddr {
+        self.ip
+    }
+
+    fn container_id(&self) -> &str {
+        &self.container_id
+    }
+
+    fn network(&self) -> &str {
+        &self.network
+    }
+
+    fn reserved_at(&self) -> SystemTime {
+        self.created_at
+    }
+}
+
+/// "net1 10.0.0.2 (c1 of host-local /var/lib/cni/networks)": how verdict
+/// summaries name it.
+impl fmt::Display for Reservation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} ({} of {})", self.network, self.ip, self.container_id, self.store)
     }
 }
 

@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     config::Config,
-    engine::{Observations, Policy, Status, Verdict, decide},
+    engine::{Evidence, Observations, Policy, Status, Verdict, decide},
     ipam::{Anomaly, StoreRef, cnicache::CachedAttachment},
     ledger::Ledger,
     release::{Journal, JournalError, Outcome, ReleaseRecord},
@@ -319,7 +319,7 @@ impl KubeAgent {
             }
         }
         for v in verdicts.iter().filter(|v| v.is_orphaned()) {
-            if !matches!(v.reservation.store, StoreRef::Whereabouts { .. }) {
+            if !matches!(*v.reservation.store, StoreRef::Whereabouts { .. }) {
                 continue;
             }
             let intent = self.journal.record_intent(v, self.dry_run)?;
@@ -382,7 +382,7 @@ impl KubeAgent {
             let Some(regarding) = self.on_pod_or_node(&r.container_id) else {
                 continue;
             };
-            let why: Vec<&str> = record.verdict.evidence.iter().take(2).map(|e| e.text.as_str()).collect();
+            let why: Vec<String> = record.verdict.evidence.iter().take(2).map(Evidence::text).collect();
             self.events.send(Notice {
                 regarding,
                 warning: false,
@@ -409,7 +409,7 @@ impl KubeAgent {
                     warning: true,
                     reason: "IPConflict".into(),
                     action: "Report".into(),
-                    note: format!("not released: {}", v.summary),
+                    note: format!("not released: {}", v.summary()),
                 });
             }
             conflicts.insert(key);

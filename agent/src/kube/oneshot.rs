@@ -117,7 +117,7 @@ pub async fn release_reviewed(
         }
         let fresh = reverify(&v.reservation);
         if fresh.status != Status::Orphaned {
-            records.push(record(Outcome::Kept { status: fresh.status, reason: fresh.summary.clone() }, Some(fresh)));
+            records.push(record(Outcome::Kept { status: fresh.status, reason: fresh.summary() }, Some(fresh)));
             continue;
         }
         let intent = journal.record_intent(&fresh, dry_run)?;

@@ -26,7 +26,7 @@ use serde_json::json;
 use super::{KubeError, timed};
 use crate::{
     engine::{Status, Verdict},
-    ipam::{Anomaly, AnomalyKind, Reservation, StoreRef, StoreScan},
+    ipam::{Anomaly, AnomalyKind, Reservation, ReservationData, StoreRef, StoreScan},
     release::{
         Outcome,
         lastlook::{LastLook, LookFound},
@@ -196,7 +196,7 @@ pub fn reservation_path(namespace: &str, pool: &str, offset: &str) -> PathBuf {
 
 /// The pool and offset of a whereabouts reservation, or why it is not one.
 pub fn location(r: &Reservation) -> Result<Location, String> {
-    let StoreRef::Whereabouts { namespace, pool } = &r.store else {
+    let StoreRef::Whereabouts { namespace, pool } = &*r.store else {
         return Err(format!("not a whereabouts reservation ({})", r.store));
     };
     let offset = r
@@ -235,7 +235,7 @@ pub fn scan_pools(pools: &[IpPool], made_here: impl Fn(&str) -> Option<SystemTim
         let Some(name) = pool.metadata.name.clone() else {
             continue;
         };
-        let store = StoreRef::Whereabouts { namespace: namespace.clone(), pool: name.clone() };
+        let store = std::sync::Arc::new(StoreRef::Whereabouts { namespace: namespace.clone(), pool: name.clone() });
         for (offset, alloc) in &pool.spec.allocations {
             let path = reservation_path(&namespace, &name, offset);
             let anomaly = |kind, detail: String| Anomaly::new(&store, Some(&name), &path, kind, detail);
@@ -255,16 +255,16 @@ pub fn scan_pools(pools: &[IpPool], made_here: impl Fn(&str) -> Option<SystemTim
             if let Some((ns, pod)) = alloc.podref.split_once('/') {
                 out.pods.insert(alloc.id.clone(), (ns.to_owned(), pod.to_owned()));
             }
-            out.scan.reservations.push(Reservation {
+            out.scan.reservations.push(Reservation::from(ReservationData {
                 store: store.clone(),
-                network: name.clone(),
+                network: name.as_str().into(),
                 ip,
-                container_id: alloc.id.clone(),
-                ifname: alloc.ifname.clone().filter(|i| !i.is_empty()),
+                container_id: alloc.id.as_str().into(),
+                ifname: alloc.ifname.as_deref().filter(|i| !i.is_empty()).map(Into::into),
                 created_at,
                 path,
                 inode: 0,
-            });
+            }));
         }
     }
     out
@@ -300,8 +300,8 @@ fn current(pool: &IpPool, loc: &Location, r: &Reservation) -> Current {
     let Some(alloc) = pool.spec.allocations.get(&loc.offset) else {
         return Current::Gone;
     };
-    let ifname = alloc.ifname.clone().filter(|i| !i.is_empty());
-    if alloc.id != r.container_id || (ifname.is_some() && r.ifname.is_some() && ifname != r.ifname) {
+    let ifname = alloc.ifname.as_deref().filter(|i| !i.is_empty());
+    if alloc.id != r.container_id || (ifname.is_some() && r.ifname.is_some() && ifname != r.ifname.as_deref()) {
         return Current::Changed(format!("{} {}", alloc.id, alloc.podref));
     }
     if ip_at(&pool.spec.range, &loc.offset) != Some(r.ip) {
@@ -348,7 +348,7 @@ pub async fn release(
         };
         let verdict = reverify(&fresh);
         if verdict.status != Status::Orphaned {
-            return Outcome::Kept { status: verdict.status, reason: verdict.summary };
+            return Outcome::Kept { status: verdict.status, reason: verdict.summary() };
         }
         if let Err(found) = look.before_unlink(&fresh) {
             return Outcome::LastLookKept {

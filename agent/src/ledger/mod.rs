@@ -22,6 +22,11 @@ const MAX_OPS_PER_CONTAINER: usize = 32;
 const KEEP_FIRST_OPS: usize = 8;
 /// Containers kept; the least recently seen go first.
 const MAX_CONTAINERS: usize = 65_536;
+/// Default [`Ledger::forget_dead`] age: how long a container whose netns
+/// died is remembered after its last CNI run. Past it, its reservations
+/// have been released or judged (a death is acted on in milliseconds), and
+/// keeping it would make memory grow with every pod the node ever ran.
+pub const DEAD_NETNS_MAX_AGE: std::time::Duration = std::time::Duration::from_mins(30);
 
 /// One run of one CNI plugin binary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -395,6 +400,25 @@ impl Ledger {
         }
     }
 
+    /// Forgets containers whose netns `is_dead` says died, that have
+    /// nothing in flight and were last seen more than `max_age` before
+    /// `now`. What is not known dead is never forgotten here (only the
+    /// size bound evicts it): absence of evidence is not death. Returns how
+    /// many were forgotten.
+    pub fn forget_dead(
+        &mut self,
+        now: SystemTime,
+        max_age: std::time::Duration,
+        is_dead: impl Fn(&Attachment) -> bool,
+    ) -> usize {
+        let before = self.by_container.len();
+        self.by_container.retain(|_, a| {
+            let old = now.duration_since(a.last_seen).is_ok_and(|age| age > max_age);
+            !(old && !a.in_flight() && is_dead(a))
+        });
+        before - self.by_container.len()
+    }
+
     fn evict_if_full(&mut self) {
         if self.by_container.len() < MAX_CONTAINERS {
             return;
@@ -558,6 +582,25 @@ mod tests {
         exec.netns = None;
         l.observe(&KernelEvent::CniExec { task, exec }, wall, &FixedResolver(None));
         assert!(l.get("c1").expect("recorded").in_flight());
+    }
+
+    #[test]
+    fn only_old_settled_containers_of_dead_netns_are_forgotten() {
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1_000_000_000, "ADD", "dead-old"), wall, &FixedResolver(Some(77)));
+        l.observe(&exit(10, 2_000_000_000, 0), wall, &FixedResolver(None));
+        l.observe(&exec(11, 1_000_000_000, "ADD", "alive-old"), wall, &FixedResolver(Some(78)));
+        l.observe(&exit(11, 2_000_000_000, 0), wall, &FixedResolver(None));
+        l.observe(&exec(12, 1_000_000_000, "ADD", "dead-in-flight"), wall, &FixedResolver(Some(77)));
+        l.observe(&exec(13, 50_000_000_000, "ADD", "dead-recent"), wall, &FixedResolver(Some(77)));
+        l.observe(&exit(13, 51_000_000_000, 0), wall, &FixedResolver(None));
+        let dead = |a: &Attachment| a.netns_inode == Some(77);
+        let forgotten = l.forget_dead(wall(60_000_000_000), Duration::from_secs(30), dead);
+        assert_eq!(forgotten, 1);
+        assert!(l.get("dead-old").is_none(), "dead, settled and old: forgotten");
+        assert!(l.get("alive-old").is_some(), "not known dead: kept");
+        assert!(l.get("dead-in-flight").is_some(), "in flight: kept");
+        assert!(l.get("dead-recent").is_some(), "recent: kept");
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::{
     fs::File,
     os::fd::AsRawFd,
     path::Path,
-    sync::mpsc::{SyncSender, TrySendError},
+    sync::{
+        Arc,
+        mpsc::{SyncSender, TrySendError},
+    },
     time::{Duration, SystemTime},
 };
 
@@ -14,7 +17,7 @@ use tokio::{
     io::{Interest, unix::AsyncFd},
     sync::{mpsc, oneshot},
     task::JoinHandle,
-    time::MissedTickBehavior,
+    time::{Instant, MissedTickBehavior},
 };
 use tracing::{debug, warn};
 
@@ -24,7 +27,7 @@ use super::{
     worker::{self, Report},
 };
 use crate::{
-    discovery::{self, DiscoveryError, DiscoveryPaths},
+    discovery::{self, DiscoveryError, DiscoveryPaths, MountChanges},
     kernel::events::KernelEvent,
     netlink::{
         RECV_BUFFER, RtnlSocket, SocketError, SocketOptions,
@@ -129,7 +132,9 @@ impl Watcher {
         // whole life.
         let socket = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
             .map_err(|e| WatcherError::Poll(e.into()))?;
-        let (jobs, reports) = worker::spawn(config.discovery.clone()).map_err(WatcherError::Thread)?;
+        let mount_changes = Arc::new(MountChanges::default());
+        let (jobs, reports) =
+            worker::spawn(config.discovery.clone(), Arc::clone(&mount_changes)).map_err(WatcherError::Thread)?;
         let mounts = File::open(&config.discovery.mountinfo)
             // SAFETY: as above; mountinfo signals changes with POLLPRI.
             .and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }.map_err(Into::into))
@@ -137,6 +142,9 @@ impl Watcher {
                 warn!("mount changes not watched ({e}); new bind mounts wait for the next resync");
             })
             .ok();
+        if mounts.is_some() {
+            mount_changes.watching();
+        }
 
         let mut model = Model::new(config.model, host_inode, SystemTime::now());
         let own_fd = discovery::open_netns(own, host_inode)?;
@@ -154,6 +162,8 @@ impl Watcher {
             io,
             reports,
             mounts,
+            mount_changes,
+            mount_scan: MountDebounce::default(),
             commands: commands_rx,
             ready: Some(ready_tx),
             resync_waiters: Vec::new(),
@@ -272,10 +282,49 @@ struct Driver {
     io: Io,
     reports: mpsc::Receiver<Report>,
     mounts: Option<AsyncFd<File>>,
+    /// Changes counted for the discovery thread (it re-reads the table
+    /// only after one).
+    mount_changes: Arc<MountChanges>,
+    mount_scan: MountDebounce,
     commands: mpsc::Receiver<Command>,
     ready: Option<oneshot::Sender<()>>,
     resync_waiters: Vec<oneshot::Sender<()>>,
     resync_interval: Duration,
+}
+
+/// How long a burst of mount-table changes is gathered before one scan
+/// (`ip netns add` alone changes the table twice: the propagation of
+/// /run/netns, then the bind mount). Bounds the scans to one per this
+/// long, whatever the churn; a netns found this much later is no risk
+/// (absence is never death) and netlink and the probes find most first.
+const MOUNT_SCAN_DELAY: Duration = Duration::from_millis(25);
+
+/// Coalesces mount-table changes into one scan: the first change arms a
+/// deadline [`MOUNT_SCAN_DELAY`] away, later ones ride along, so a change
+/// is scanned for at most that long after it was seen.
+#[derive(Debug, Default)]
+struct MountDebounce {
+    due: Option<Instant>,
+}
+
+impl MountDebounce {
+    fn changed(&mut self, now: Instant) {
+        self.due.get_or_insert(now + MOUNT_SCAN_DELAY);
+    }
+
+    /// When the scan is due, if one is.
+    fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// Whether the scan is due at `now` (then it is disarmed).
+    fn fire(&mut self, now: Instant) -> bool {
+        if self.due.is_some_and(|d| d <= now) {
+            self.due = None;
+            return true;
+        }
+        false
+    }
 }
 
 async fn mounts_changed(mounts: Option<&AsyncFd<File>>) -> std::io::Result<()> {
@@ -285,6 +334,13 @@ async fn mounts_changed(mounts: Option<&AsyncFd<File>>) -> std::io::Result<()> {
             guard.clear_ready();
             Ok(())
         }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_due(due: Option<Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }
@@ -332,10 +388,21 @@ impl Driver {
                     None => return Err(WatcherError::Stopped),
                 },
                 changed = mounts_changed(self.mounts.as_ref()) => match changed {
-                    Ok(()) => self.model.mounts_changed(),
+                    Ok(()) => {
+                        // Counted now, so a read that starts later sees it.
+                        self.mount_changes.changed();
+                        self.mount_scan.changed(Instant::now());
+                    }
                     Err(e) => {
                         warn!("mount changes no longer watched: {e}");
                         self.mounts = None;
+                        self.mount_changes.unwatched();
+                        self.mount_scan.changed(Instant::now());
+                    }
+                },
+                () = sleep_until_due(self.mount_scan.due()), if self.mount_scan.due().is_some() => {
+                    if self.mount_scan.fire(Instant::now()) {
+                        self.model.mounts_changed();
                     }
                 },
                 _ = resync.tick() => self.model.start_resync(true),
@@ -394,5 +461,31 @@ impl Driver {
                 let _ = waiter.send(());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_of_mount_changes_is_one_scan_at_most_the_delay_after_the_first() {
+        let t0 = Instant::now();
+        let mut debounce = MountDebounce::default();
+        assert_eq!(debounce.due(), None);
+        assert!(!debounce.fire(t0), "no change, no scan");
+        debounce.changed(t0);
+        // The bind mount follows the propagation change within the delay:
+        // it rides along, and does not push the scan later.
+        debounce.changed(t0 + MOUNT_SCAN_DELAY / 2);
+        debounce.changed(t0 + MOUNT_SCAN_DELAY - Duration::from_millis(1));
+        assert_eq!(debounce.due(), Some(t0 + MOUNT_SCAN_DELAY));
+        assert!(!debounce.fire(t0 + MOUNT_SCAN_DELAY / 2), "not yet");
+        assert!(debounce.fire(t0 + MOUNT_SCAN_DELAY), "one scan for the burst");
+        assert!(!debounce.fire(t0 + MOUNT_SCAN_DELAY * 2), "and only one");
+        assert_eq!(debounce.due(), None);
+        // A change after the scan asks for the next one.
+        debounce.changed(t0 + MOUNT_SCAN_DELAY * 3);
+        assert!(debounce.fire(t0 + MOUNT_SCAN_DELAY * 4));
     }
 }

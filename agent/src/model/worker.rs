@@ -7,7 +7,10 @@ use std::{
     collections::BTreeMap,
     os::fd::OwnedFd,
     path::PathBuf,
-    sync::mpsc::{Receiver, SyncSender, sync_channel},
+    sync::{
+        Arc,
+        mpsc::{Receiver, SyncSender, sync_channel},
+    },
     thread,
 };
 
@@ -15,7 +18,7 @@ use tokio::sync::mpsc;
 use tracing::debug;
 
 use super::state::Job;
-use crate::discovery::{self, DiscoveryPaths, Scope, Sighting};
+use crate::discovery::{self, DiscoveryPaths, MountChanges, MountReader, Scope, Sighting};
 
 /// Reports from the discovery thread.
 #[derive(Debug)]
@@ -31,18 +34,26 @@ pub(crate) const JOB_QUEUE: usize = 1024;
 /// Reports (and so open netns fds) in flight at most.
 pub(crate) const REPORT_QUEUE: usize = 32;
 
-pub(crate) fn spawn(paths: DiscoveryPaths) -> std::io::Result<(SyncSender<Job>, mpsc::Receiver<Report>)> {
+/// `changes`: the mount-table changes the driver counts; the thread reads
+/// the table again only after one (resyncs always read it).
+pub(crate) fn spawn(
+    paths: DiscoveryPaths,
+    changes: Arc<MountChanges>,
+) -> std::io::Result<(SyncSender<Job>, mpsc::Receiver<Report>)> {
     let (jobs_tx, jobs_rx) = sync_channel(JOB_QUEUE);
     let (reports_tx, reports_rx) = mpsc::channel(REPORT_QUEUE);
-    thread::Builder::new().name("netreap-netns".into()).spawn(move || run(&paths, &jobs_rx, &reports_tx))?;
+    let mut mounts = MountReader::new(changes);
+    thread::Builder::new()
+        .name("netreap-netns".into())
+        .spawn(move || run(&paths, &mut mounts, &jobs_rx, &reports_tx))?;
     Ok((jobs_tx, reports_rx))
 }
 
 /// Runs until the model task goes away (either channel closes).
-fn run(paths: &DiscoveryPaths, jobs: &Receiver<Job>, reports: &mpsc::Sender<Report>) {
+fn run(paths: &DiscoveryPaths, mounts: &mut MountReader, jobs: &Receiver<Job>, reports: &mpsc::Sender<Report>) {
     while let Ok(job) = jobs.recv() {
         let alive = match job {
-            Job::Scan { generation, scope, skip } => match discovery::scan(paths, scope) {
+            Job::Scan { generation, scope, skip } => match mounts.scan(paths, scope) {
                 Ok(found) => {
                     let mut alive = true;
                     for (&inode, sighting) in &found {
@@ -62,7 +73,7 @@ fn run(paths: &DiscoveryPaths, jobs: &Receiver<Job>, reports: &mpsc::Sender<Repo
                 Err(e) => reports.blocking_send(Report::ScanFailed { generation, error: e.to_string() }).is_ok(),
             },
             Job::Resolve { inode, tgid, tid } => {
-                let report = match resolve(paths, inode, tgid, tid) {
+                let report = match resolve(paths, mounts, inode, tgid, tid) {
                     Some(fd) => Report::Opened { inode, fd },
                     None => Report::ResolveFailed { inode },
                 };
@@ -73,19 +84,20 @@ fn run(paths: &DiscoveryPaths, jobs: &Receiver<Job>, reports: &mpsc::Sender<Repo
             break;
         }
     }
-    debug!("netns discovery thread done");
+    debug!(mount_table_reads = mounts.reads(), "netns discovery thread done");
 }
 
 /// Opens a netns a probe announced: through the task while it is still
-/// in it, else through a bind mount (`ip netns add` exits at once).
-fn resolve(paths: &DiscoveryPaths, inode: u32, process: u32, thread: u32) -> Option<OwnedFd> {
+/// in it, else through a bind mount (`ip netns add` exits at once), as the
+/// mount table was last read unless it changed since: a mount not yet
+/// counted is found by the scan its change asks for.
+fn resolve(paths: &DiscoveryPaths, mounts: &mut MountReader, inode: u32, process: u32, thread: u32) -> Option<OwnedFd> {
     let proc_root = &paths.proc_root;
     let via_task: [PathBuf; 2] =
         [proc_root.join(format!("{process}/task/{thread}/ns/net")), proc_root.join(format!("{process}/ns/net"))];
     if let Some((fd, _)) = discovery::open_any(inode, &via_task) {
         return Some(fd);
     }
-    let found = discovery::scan(paths, Scope::Mounts).ok()?;
-    let sighting = found.get(&inode)?;
+    let sighting = mounts.mounts(paths, false).ok()?.get(&inode)?;
     discovery::open_any(inode, &discovery::mount_candidates(paths, &sighting.bind_mounts)).map(|(fd, _)| fd)
 }

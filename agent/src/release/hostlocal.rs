@@ -26,7 +26,7 @@ pub(crate) struct Target {
 }
 
 pub(crate) fn target(r: &Reservation, allowed: &[PathBuf]) -> Result<Target, String> {
-    let StoreRef::HostLocal { data_dir } = &r.store else {
+    let StoreRef::HostLocal { data_dir } = &*r.store else {
         return Err(format!("{} is not a host-local store", r.store));
     };
     if !allowed.contains(data_dir) {

@@ -29,10 +29,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::outcome::Outcome;
-use crate::{
-    engine::Verdict,
-    ipam::{safefs::FlockGuard, timefmt},
-};
+use crate::{engine::Verdict, ipam::safefs::FlockGuard, timefmt};
 
 /// Default state dir (`--state-dir`).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/netreap";
@@ -91,6 +88,52 @@ pub enum Record {
     /// The agent stopped cleanly with no intent pending (see
     /// [`Journal::close_clean`]).
     CleanStop(CleanStop),
+}
+
+/// [`Record`] by reference: what the journal writes, without copying an
+/// intent to write it.
+#[derive(Serialize)]
+#[serde(tag = "record", rename_all = "snake_case")]
+enum RecordOut<'a> {
+    Intent(&'a Intent),
+    Outcome(OutcomeRecord),
+}
+
+/// How much a batch of records is buffered before it is written: a batch
+/// of any size is written through this much memory, never held whole.
+const WRITE_BUFFER: usize = 64 * 1024;
+
+/// Writes records as JSON lines through a bounded buffer, counting bytes.
+fn write_lines<'r>(file: &File, records: impl IntoIterator<Item = RecordOut<'r>>) -> Result<u64, (JournalError, u64)> {
+    struct Counting<'f> {
+        out: io::BufWriter<&'f File>,
+        bytes: u64,
+    }
+    impl Write for Counting<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let n = self.out.write(buf)?;
+            self.bytes += n as u64;
+            Ok(n)
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            self.out.flush()
+        }
+    }
+    let mut w = Counting { out: io::BufWriter::with_capacity(WRITE_BUFFER, file), bytes: 0 };
+    for record in records {
+        if let Err(e) = serde_json::to_writer(&mut w, &record) {
+            let bytes = w.bytes;
+            let e = if e.is_io() { JournalError::Io { path: PathBuf::new(), source: e.into() } } else { e.into() };
+            return Err((e, bytes));
+        }
+        if let Err(e) = w.write_all(b"\n") {
+            let bytes = w.bytes;
+            return Err((JournalError::Io { path: PathBuf::new(), source: e }, bytes));
+        }
+    }
+    let bytes = w.bytes;
+    w.flush().map_err(|e| (JournalError::Io { path: PathBuf::new(), source: e }, bytes))?;
+    Ok(w.bytes)
 }
 
 /// "Stopped cleanly; nothing was pending." When it is the last line, a
@@ -197,13 +240,44 @@ impl Journal {
     fn write_durably(&mut self, bytes: &[u8]) -> Result<(), JournalError> {
         self.file.write_all(bytes).and_then(|()| self.file.sync_data()).map_err(io_err(&self.path))?;
         self.size += bytes.len() as u64;
+        self.rotate_if_full();
+        Ok(())
+    }
+
+    /// [`Journal::write_durably`] for a batch of records, streamed through
+    /// a bounded buffer instead of encoded whole first.
+    fn write_records_durably<'r>(
+        &mut self,
+        records: impl IntoIterator<Item = RecordOut<'r>>,
+    ) -> Result<(), JournalError> {
+        let with_path = |e: JournalError, path: &Path| match e {
+            JournalError::Io { source, .. } => JournalError::Io { path: path.to_owned(), source },
+            other => other,
+        };
+        let written = write_lines(&self.file, records);
+        let bytes = match written {
+            Ok(bytes) => bytes,
+            Err((e, bytes)) => {
+                // Whatever reached the file counts toward its size.
+                self.size += bytes;
+                return Err(with_path(e, &self.path));
+            }
+        };
+        self.size += bytes;
+        self.file.sync_data().map_err(io_err(&self.path))?;
+        self.rotate_if_full();
+        Ok(())
+    }
+
+    /// Rotates past the limit; a failed rotation is only a warning (the
+    /// records are durable; the next append tries again).
+    fn rotate_if_full(&mut self) {
         if self.size > self.max_bytes {
             match rotate(&self.state_dir, &self.path, &self.pending) {
                 Ok((file, size)) => (self.file, self.size) = (file, size),
                 Err(e) => tracing::warn!(journal = %self.path.display(), "rotation failed; kept appending: {e}"),
             }
         }
-        Ok(())
     }
 
     /// Records a clean stop when no intent is pending, so the next start
@@ -250,43 +324,69 @@ impl Journal {
     /// Records the intents to act on each verdict, with one fsync for all.
     pub fn record_intents(&mut self, verdicts: &[&Verdict], dry_run: bool) -> Result<Vec<Intent>, JournalError> {
         let at = SystemTime::now();
-        let mut lines = Vec::new();
-        let mut intents = Vec::with_capacity(verdicts.len());
-        for (n, v) in verdicts.iter().enumerate() {
-            let intent = Intent { id: format!("{}-{n}", new_id(at)), at, dry_run, verdict: (*v).clone() };
-            lines.extend(serde_json::to_vec(&Record::Intent(intent.clone()))?);
-            lines.push(b'\n');
-            intents.push(intent);
-        }
+        let batch = new_id(at);
         // Pending before the write: a rotation right after it carries them.
         let before = self.pending.len();
-        self.pending.extend(intents.iter().cloned());
-        if let Err(e) = self.write_durably(&lines) {
+        self.pending.extend(verdicts.iter().enumerate().map(|(n, v)| Intent {
+            id: format!("{batch}-{n}"),
+            at,
+            dry_run,
+            verdict: (*v).clone(),
+        }));
+        let (file, path) = (&self.file, &self.path);
+        let written = write_lines(file, self.pending[before..].iter().map(RecordOut::Intent));
+        let result = match written {
+            Ok(bytes) => {
+                self.size += bytes;
+                self.file.sync_data().map_err(io_err(path))
+            }
+            Err((e, bytes)) => {
+                self.size += bytes;
+                Err(match e {
+                    JournalError::Io { source, .. } => JournalError::Io { path: path.clone(), source },
+                    other => other,
+                })
+            }
+        };
+        if let Err(e) = result {
             self.pending.truncate(before);
             return Err(e);
         }
+        let intents = self.pending[before..].to_vec();
+        self.rotate_if_full();
         Ok(intents)
     }
 
     /// Records what became of each intent, with one fsync for all.
     pub fn record_outcomes(&mut self, outcomes: &[(&str, &Outcome)]) -> Result<(), JournalError> {
         let at = SystemTime::now();
-        let mut lines = Vec::new();
-        for (id, outcome) in outcomes {
-            if !self.pending.iter().any(|i| i.id == *id) {
-                return Err(JournalError::UnknownIntent((*id).to_owned()));
-            }
-            let record = OutcomeRecord { id: (*id).to_owned(), at, outcome: (*outcome).clone(), reverified: None };
-            lines.extend(serde_json::to_vec(&Record::Outcome(record))?);
-            lines.push(b'\n');
+        let open: std::collections::HashSet<&str> = self.pending.iter().map(|i| i.id.as_str()).collect();
+        if let Some((id, _)) = outcomes.iter().find(|(id, _)| !open.contains(id)) {
+            return Err(JournalError::UnknownIntent((*id).to_owned()));
         }
-        // Settled before the write, so a rotation right after it does not
-        // carry them; restored if the write fails.
         let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, _)| *id).collect();
-        let before = self.pending.clone();
-        self.pending.retain(|i| !done.contains(i.id.as_str()));
-        if let Err(e) = self.write_durably(&lines) {
-            self.pending = before;
+        // Settled before the write, so a rotation right after it does not
+        // carry them; put back in their places if the write fails.
+        let mut settled: Vec<(usize, Intent)> = Vec::new();
+        for (pos, intent) in std::mem::take(&mut self.pending).into_iter().enumerate() {
+            if done.contains(intent.id.as_str()) {
+                settled.push((pos, intent));
+            } else {
+                self.pending.push(intent);
+            }
+        }
+        // One record at a time: a batch of outcomes is never held encoded.
+        let records = outcomes.iter().map(|(id, outcome)| OutcomeRecord {
+            id: (*id).to_owned(),
+            at,
+            outcome: (*outcome).clone(),
+            reverified: None,
+        });
+        let result = self.write_records_durably(records.map(RecordOut::Outcome));
+        if let Err(e) = result {
+            for (pos, intent) in settled {
+                self.pending.insert(pos.min(self.pending.len()), intent);
+            }
             return Err(e);
         }
         Ok(())
@@ -338,12 +438,7 @@ fn rotate(state_dir: &Path, path: &Path, pending: &[Intent]) -> Result<(File, u6
     let tmp = state_dir.join(format!("{JOURNAL_FILE}.tmp"));
     let old = state_dir.join(format!("{JOURNAL_FILE}.1"));
     let old_tmp = state_dir.join(format!("{JOURNAL_FILE}.1.tmp"));
-    let mut body = Vec::new();
-    for intent in pending {
-        body.extend(serde_json::to_vec(&Record::Intent(intent.clone()))?);
-        body.push(b'\n');
-    }
-    let mut new = OpenOptions::new()
+    let new = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
@@ -351,7 +446,12 @@ fn rotate(state_dir: &Path, path: &Path, pending: &[Intent]) -> Result<(File, u6
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(&tmp)
         .map_err(io_err(&tmp))?;
-    new.write_all(&body).and_then(|()| new.sync_all()).map_err(io_err(&tmp))?;
+    // Streamed: the pending intents are never held encoded whole.
+    let size = write_lines(&new, pending.iter().map(RecordOut::Intent)).map_err(|(e, _)| match e {
+        JournalError::Io { source, .. } => JournalError::Io { path: tmp.clone(), source },
+        other => other,
+    })?;
+    new.sync_all().map_err(io_err(&tmp))?;
     drop(new);
     let _ = fs::remove_file(&old_tmp);
     fs::hard_link(path, &old_tmp).map_err(io_err(&old_tmp))?;
@@ -365,7 +465,7 @@ fn rotate(state_dir: &Path, path: &Path, pending: &[Intent]) -> Result<(File, u6
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)
         .map_err(io_err(path))?;
-    Ok((file, body.len() as u64))
+    Ok((file, size))
 }
 
 /// What loading found.

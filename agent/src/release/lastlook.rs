@@ -176,10 +176,10 @@ impl LastLook for KernelLook {
         if let Some(places) = gathered.ips.get(&r.ip) {
             return Err(LookFound::IpConfigured { netns: places.clone() });
         }
-        if let Some(&pid) = gathered.running.get(&r.container_id) {
+        if let Some(&pid) = gathered.running.get(r.container_id.as_str()) {
             return Err(LookFound::CniRunInFlight { pid: Some(pid) });
         }
-        if self.ledger_in_flight.contains(&r.container_id) {
+        if self.ledger_in_flight.contains(r.container_id.as_str()) {
             return Err(LookFound::CniRunInFlight { pid: None });
         }
         Ok(())

@@ -261,7 +261,7 @@ impl Releaser {
                 let outcome = if fresh.reservation != *reservation {
                     Outcome::Refused { reason: "re-verification judged a different reservation".into() }
                 } else if fresh.status != Status::Orphaned {
-                    Outcome::Kept { status: fresh.status, reason: fresh.summary.clone() }
+                    Outcome::Kept { status: fresh.status, reason: fresh.summary() }
                 } else if let Err(reason) = hostlocal::target(reservation, &self.config.host_local_dirs) {
                     Outcome::Refused { reason }
                 } else {

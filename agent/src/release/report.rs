@@ -6,7 +6,11 @@ use std::time::SystemTime;
 use super::{ReleaseError, ReleaseRecord, Releaser, outcome::Outcome};
 use crate::{
     engine::{Observations, Policy, ScanReport, Status, Verdict},
-    ipam::{Reservation, ReservationStore, cnicache::CniCache, scan_all},
+    ipam::{
+        Reservation, ReservationStore,
+        cnicache::{CachedAttachment, CniCache},
+        scan_all,
+    },
 };
 
 /// Scans `stores`, adds the CNI cache's bindings (and anomalies) when a
@@ -25,7 +29,7 @@ pub fn scan_report(
     };
     let cached = cache.scan();
     let mut obs = obs.clone();
-    obs.add_cached_attachments(&cached.attachments);
+    obs.bindings.extend(cached.attachments.iter().filter_map(CachedAttachment::binding));
     scan.anomalies.extend(cached.anomalies);
     ScanReport::build(&scan, &obs, now, policy)
 }
@@ -57,7 +61,7 @@ pub fn release_reviewed(
             continue;
         }
         if fresh.status != Status::Orphaned {
-            let outcome = Outcome::Kept { status: fresh.status, reason: fresh.summary.clone() };
+            let outcome = Outcome::Kept { status: fresh.status, reason: fresh.summary() };
             records.push(kept(outcome, fresh));
             continue;
         }

@@ -38,7 +38,7 @@ struct Identity {
 impl Identity {
     fn of(v: &Verdict) -> Self {
         let r = &v.reservation;
-        Self { container_id: r.container_id.clone(), inode: r.inode, created_at: r.created_at }
+        Self { container_id: r.container_id.to_string(), inode: r.inode, created_at: r.created_at }
     }
 }
 
@@ -167,13 +167,13 @@ mod tests {
     use super::*;
     use crate::{
         engine::Status,
-        ipam::{Reservation, StoreRef},
+        ipam::{Reservation, ReservationData, StoreRef},
     };
 
     fn verdict(ip: &str, container: &str, status: Status) -> Verdict {
         let ip: IpAddr = ip.parse().expect("test IP");
-        let reservation = Reservation {
-            store: StoreRef::HostLocal { data_dir: PathBuf::from("/d") },
+        let reservation = Reservation::from(ReservationData {
+            store: StoreRef::HostLocal { data_dir: PathBuf::from("/d") }.into(),
             network: "n".into(),
             ip,
             container_id: container.into(),
@@ -181,8 +181,8 @@ mod tests {
             path: Path::new("/d/n").join(ip.to_string()),
             created_at: SystemTime::UNIX_EPOCH,
             inode: 7,
-        };
-        Verdict { reservation, status, summary: String::new(), evidence: Vec::new() }
+        });
+        Verdict { reservation, status, evidence: Vec::new() }
     }
 
     fn record(v: &Verdict, outcome: Outcome) -> ReleaseRecord {

@@ -187,14 +187,24 @@ impl From<Option<&PodRef>> for PodFields {
     }
 }
 
-/// A verdict's evidence as the lines a person reads, rendered as they are
-/// written.
+/// Text for a person, rendered straight into the line as it is written
+/// (no string built first), and only for the events that carry it.
+#[derive(Debug)]
+pub struct Shown<'a, T: ?Sized>(pub &'a T);
+
+impl<T: std::fmt::Display + ?Sized> Serialize for Shown<'_, T> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self.0)
+    }
+}
+
+/// A verdict's evidence as the lines a person reads.
 #[derive(Debug)]
 pub struct EvidenceText<'a>(pub &'a [Evidence]);
 
 impl Serialize for EvidenceText<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|e| e.text.as_str()))
+        s.collect_seq(self.0.iter().map(|e| Shown(&e.fact)))
     }
 }
 
@@ -204,7 +214,7 @@ pub struct VerdictChanged<'a> {
     pub reservation: ReservationFields<'a>,
     pub from: Option<Status>,
     pub to: Status,
-    pub summary: &'a str,
+    pub summary: Shown<'a, Verdict>,
     pub evidence: EvidenceText<'a>,
     #[serde(flatten)]
     pub pod: PodFields,
@@ -217,7 +227,7 @@ impl<'a> VerdictChanged<'a> {
             reservation: (&v.reservation).into(),
             from: before,
             to: v.status,
-            summary: &v.summary,
+            summary: Shown(v),
             evidence: EvidenceText(&v.evidence),
             pod: pod.into(),
         }
@@ -256,7 +266,7 @@ impl ReleaseReason {
         use crate::engine::runtime::RuntimeFact;
         if death_time(v).is_some() {
             Self::NetnsDied
-        } else if v.evidence.iter().any(|e| matches!(e.fact, Fact::Runtime(RuntimeFact::GoneWithItsNetns))) {
+        } else if v.evidence.iter().any(|e| matches!(e.fact.runtime(), Some(RuntimeFact::GoneWithItsNetns))) {
             Self::RuntimeGone
         } else {
             Self::OrphanGrace

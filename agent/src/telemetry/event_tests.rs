@@ -41,8 +41,8 @@ fn exec() -> CniExec {
 }
 
 fn reservation() -> Reservation {
-    Reservation {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() },
+    crate::ipam::ReservationData {
+        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
         network: "podnet".into(),
         ip: "10.1.0.2".parse().expect("an IP"),
         container_id: "c1".into(),
@@ -51,13 +51,14 @@ fn reservation() -> Reservation {
         path: "/var/lib/cni/networks/podnet/10.1.0.2".into(),
         inode: 7,
     }
+    .into()
 }
 
 fn conflict_verdict() -> Verdict {
     let holder = Fact::IpInOtherLiveNetns {
         netns: crate::identity::NetnsId::new(Some(9), Some(1), None),
-        containers: vec!["c2".into()],
-        paths: Vec::new(),
+        containers: vec!["c2".to_owned()].into(),
+        paths: Vec::new().into(),
     };
     Verdict::new(&reservation(), Status::Conflict, vec![holder])
 }
@@ -133,7 +134,7 @@ fn samples() -> Vec<Value> {
         reverified: None,
     };
     let anomaly = Anomaly {
-        store: reservation().store,
+        store: StoreRef::clone(&reservation().store),
         network: Some("podnet".into()),
         path: "/x".into(),
         kind: AnomalyKind::Symlink,

@@ -341,23 +341,40 @@ impl Registry {
         self.pending_creators.retain(|_, c| age(now, c.at) <= ttl);
     }
 
-    /// A discovery scan of `scope` found `found`.
+    /// A discovery scan of `scope` found `found`. Work in proportion to
+    /// what the scan found, not to the records: a record's last mounts are
+    /// set only where its sighting's mounts changed.
     pub(super) fn apply_scan(&mut self, scope: Scope, found: BTreeMap<NetnsInode, Sighting>) {
+        let mut changed = Vec::new();
         match scope {
-            Scope::Full => self.sightings = found,
+            Scope::Full => {
+                changed.extend(found.iter().filter(|(_, s)| !s.bind_mounts.is_empty()).map(|(&i, _)| i));
+                self.sightings = found;
+            }
             Scope::Mounts => {
-                for s in self.sightings.values_mut() {
-                    s.bind_mounts.clear();
-                }
+                // Mounts gone: the processes a full scan saw stay.
+                self.sightings.retain(|inode, s| {
+                    if !found.contains_key(inode) {
+                        s.bind_mounts.clear();
+                    }
+                    !s.bind_mounts.is_empty() || s.process_count > 0
+                });
                 for (inode, s) in found {
-                    self.sightings.entry(inode).or_default().bind_mounts = s.bind_mounts;
+                    let sighting = self.sightings.entry(inode).or_default();
+                    if sighting.bind_mounts != s.bind_mounts {
+                        sighting.bind_mounts = s.bind_mounts;
+                        changed.push(inode);
+                    }
                 }
-                self.sightings.retain(|_, s| !s.bind_mounts.is_empty() || s.process_count > 0);
             }
         }
-        for rec in self.live.values_mut() {
-            if let Some(s) = rec.inode.and_then(|i| self.sightings.get(&i))
+        for inode in changed {
+            let Some(rec) = self.by_inode.get(&inode).and_then(|id| self.live.get_mut(id)) else {
+                continue;
+            };
+            if let Some(s) = self.sightings.get(&inode)
                 && !s.bind_mounts.is_empty()
+                && rec.last_mounts != s.bind_mounts
             {
                 rec.last_mounts.clone_from(&s.bind_mounts);
             }

@@ -296,6 +296,38 @@ fn veth_peers_and_host_routes_resolve_across_namespaces() {
     assert!(m.snapshot(T0).host_routes.is_empty(), "routes through a deleted link go with it");
 }
 
+#[test]
+fn a_dying_netns_is_described_as_the_last_snapshot_showed_it() {
+    let mut m = synced(100, 7);
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-host", Some((2, Some(7))))), T0);
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), T0);
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)), T0);
+    let route = Route {
+        family: AF_INET,
+        dst_len: 32,
+        table: RT_TABLE_MAIN,
+        protocol: 3,
+        scope: 253,
+        route_type: RTN_UNICAST,
+        dst: Some("10.1.0.5".parse().unwrap()),
+        oif: Some(10),
+        priority: None,
+    };
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &route), T0);
+    let alive = live(&m, 100);
+    assert_eq!(alive.interfaces[0].link.as_ref().and_then(|l| l.ifname.as_deref()), Some("veth-host"));
+    m.take_actions();
+    // The dying view resolves only this netns's references: the same ones.
+    m.datagram(None, &fake::nsid(RTM_DELNSID, 0, 7), T0);
+    assert_eq!(deaths(&m.take_actions()).len(), 1);
+    let dead = m.snapshot(T0).netns.into_iter().find(|n| !n.alive && n.inode == Some(100)).expect("dead view");
+    assert_eq!(dead.died_at, Some(T0));
+    assert_eq!(
+        NetnsView { alive: true, died_at: None, death_source: None, ..dead },
+        NetnsView { age_secs: 0, ..alive }
+    );
+}
+
 fn task(comm: &str) -> Task {
     Task { ktime_ns: 1, pid: 42, tgid: 41, comm: comm.into(), cgroup_id: 5 }
 }

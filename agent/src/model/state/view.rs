@@ -20,10 +20,11 @@ use super::{
 };
 use crate::netlink::wire::consts;
 
-/// Resolves `IFLA_LINK` references across namespaces for one view.
-struct Resolver {
-    refs: HashMap<NetnsKey, PeerNetns>,
-    names: HashMap<(NetnsKey, u32), Option<String>>,
+/// Resolves `IFLA_LINK` references across namespaces. Names and
+/// identities are read from the registry when a reference is made, never
+/// copied into maps: a snapshot is taken for every reconcile.
+struct Resolver<'a> {
+    registry: &'a Registry,
     /// (netns, ifindex) -> (netns, ifindex) of the other end, for links
     /// whose own message placed the peer.
     forward: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
@@ -32,40 +33,30 @@ struct Resolver {
     routes_into: HashMap<NetnsKey, Vec<IpAddr>>,
 }
 
-impl Resolver {
-    fn new(registry: &Registry) -> Self {
-        let mut r = Self {
-            refs: HashMap::new(),
-            names: HashMap::new(),
-            forward: HashMap::new(),
-            reverse: HashMap::new(),
-            routes_into: HashMap::new(),
-        };
+impl<'a> Resolver<'a> {
+    /// `only`: the references of this netns alone (a dying one's view) and
+    /// of the host's links (its routes lead into it), else of every netns.
+    fn new(registry: &'a Registry, only: Option<NetnsKey>) -> Self {
+        let mut r = Self { registry, forward: HashMap::new(), reverse: HashMap::new(), routes_into: HashMap::new() };
         let host = registry.host();
-        let all: Vec<(NetnsKey, &Netns)> = std::iter::once((NetnsKey::Host, host))
-            .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)))
-            .collect();
-        let mut by_nsid = HashMap::new();
-        for &(key, ns) in &all {
-            r.refs.insert(key, PeerNetns { inode: ns.inode, nsid: ns.nsid, host: key == NetnsKey::Host });
-            if let Some(n) = ns.nsid {
-                by_nsid.insert(n, key);
-            }
-            for (&ifindex, l) in &ns.links {
-                r.names.insert((key, ifindex), l.name.clone());
-            }
-        }
-        for &(key, ns) in &all {
+        let all = std::iter::once((NetnsKey::Host, host))
+            .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)));
+        let wanted = |key: NetnsKey| key == NetnsKey::Host || only.is_none_or(|o| o == key);
+        for (key, ns) in all {
             for (&ifindex, l) in &ns.links {
                 let Some(p) = l.link else { continue };
                 let other = match l.link_netns {
                     LinkNetns::Same => Some(key),
-                    LinkNetns::Nsid(n) => by_nsid.get(&n).copied(),
+                    LinkNetns::Nsid(n) => r.by_nsid(n),
                     LinkNetns::Unverified => None,
                 };
                 if let Some(o) = other {
-                    r.forward.insert((key, ifindex), (o, p));
-                    r.reverse.insert((o, p), (key, ifindex));
+                    if wanted(key) {
+                        r.forward.insert((key, ifindex), (o, p));
+                    }
+                    if wanted(o) {
+                        r.reverse.insert((o, p), (key, ifindex));
+                    }
                 }
             }
         }
@@ -75,11 +66,27 @@ impl Resolver {
             };
             if let Some((o, _)) = r.place(NetnsKey::Host, k.oif, p)
                 && o != NetnsKey::Host
+                && wanted(o)
             {
                 r.routes_into.entry(o).or_default().push(k.dst);
             }
         }
         r
+    }
+
+    /// The netns with nsid `n` in the agent's numbering.
+    fn by_nsid(&self, n: i32) -> Option<NetnsKey> {
+        self.registry
+            .by_nsid(n)
+            .map(NetnsKey::Record)
+            .or_else(|| (self.registry.host_nsid() == Some(n)).then_some(NetnsKey::Host))
+    }
+
+    fn netns(&self, key: NetnsKey) -> Option<&'a Netns> {
+        match key {
+            NetnsKey::Host => Some(self.registry.host()),
+            NetnsKey::Record(id) => self.registry.record(id),
+        }
     }
 
     /// Where the other end of link `ifindex` of `key` is.
@@ -92,18 +99,27 @@ impl Resolver {
 
     fn link_ref(&self, key: NetnsKey, ifindex: u32, peer_ifindex: u32) -> LinkRef {
         match self.place(key, ifindex, peer_ifindex) {
-            Some((o, p)) => LinkRef {
-                ifindex: p,
-                ifname: self.names.get(&(o, p)).cloned().flatten(),
-                netns: self.refs.get(&o).copied(),
-            },
+            Some((o, p)) => {
+                let ns = self.netns(o);
+                LinkRef {
+                    ifindex: p,
+                    ifname: ns.and_then(|ns| ns.links.get(&p)).and_then(|l| l.name.clone()),
+                    netns: ns.map(|ns| PeerNetns { inode: ns.inode, nsid: ns.nsid, host: o == NetnsKey::Host }),
+                }
+            }
             None => LinkRef { ifindex: peer_ifindex, ifname: None, netns: None },
         }
     }
 }
 
 fn mac_text(mac: &[u8]) -> String {
-    mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(mac.len() * 3);
+    for (i, b) in mac.iter().enumerate() {
+        let sep = if i == 0 { "" } else { ":" };
+        let _ = write!(text, "{sep}{b:02x}");
+    }
+    text
 }
 
 fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now: SystemTime) -> NetnsView {
@@ -157,7 +173,7 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now
 /// alive.
 pub(super) fn dying(registry: &Registry, id: RecordId, source: DeathSource, at: SystemTime) -> Option<NetnsView> {
     let rec = registry.record(id)?;
-    let resolver = Resolver::new(registry);
+    let resolver = Resolver::new(registry, Some(NetnsKey::Record(id)));
     let mut view = view(registry, &resolver, NetnsKey::Record(id), rec, at);
     view.alive = false;
     if view.bind_mounts.is_empty() {
@@ -171,7 +187,7 @@ pub(super) fn dying(registry: &Registry, id: RecordId, source: DeathSource, at: 
 /// The whole model at `now`: the agent's own netns, the live ones by first
 /// sight, then the recently dead.
 pub(super) fn snapshot(registry: &Registry, dead: &DeadViews, stats: ModelStats, now: SystemTime) -> ModelSnapshot {
-    let resolver = Resolver::new(registry);
+    let resolver = Resolver::new(registry, None);
     let host = registry.host();
     let mut netns = vec![view(registry, &resolver, NetnsKey::Host, host, now)];
     let mut live: Vec<(RecordId, &Netns)> = registry.records().collect();

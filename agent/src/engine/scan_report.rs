@@ -12,7 +12,10 @@ use super::{
     policy::Policy,
     verdict::{Status, Verdict},
 };
-use crate::ipam::{Anomaly, StoreRef, StoreScan, timefmt};
+use crate::{
+    ipam::{Anomaly, StoreRef, StoreScan},
+    timefmt,
+};
 
 /// Counts for one network of one store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,7 +149,7 @@ impl fmt::Display for ScanReport {
             )?;
         }
         for v in &self.verdicts {
-            writeln!(f, "  {}", v.summary)?;
+            writeln!(f, "  {v}")?;
         }
         for a in &self.anomalies {
             writeln!(f, "  anomaly {:?} at {}: {} (left untouched)", a.kind, a.path, a.detail)?;
