@@ -160,7 +160,7 @@ fn a_dry_run_journal_stays_small() {
     }
     let journal = std::fs::read_to_string(dirs.state().join("journal.jsonl")).expect("journal");
     let intents = journal.lines().filter(|l| l.contains("\"record\":\"intent\"")).count();
-    let outcomes = journal.lines().filter(|l| l.contains("\"result\":\"would_release\"")).count();
+    let outcomes = journal.lines().filter(|l| l.contains("\"result\":\"dry_run\"")).count();
     let releases = dirs.events_named("release");
     eprintln!(
         "1000 orphans, 60 s dry run: journal peak {peak} bytes, {intents} intents, {outcomes} outcomes, {} release events",

@@ -651,10 +651,7 @@ fn dry_run_journals_and_reports_but_changes_nothing() {
     assert_eq!(snapshot(&data), data_before);
     assert_eq!(snapshot(&cache), cache_before);
     let lines = journal_lines(&state);
-    assert_eq!(
-        (lines[0]["dry_run"].as_bool(), lines[1]["outcome"]["result"].as_str()),
-        (Some(true), Some("would_release"))
-    );
+    assert_eq!((lines[0]["dry_run"].as_bool(), lines[1]["outcome"]["result"].as_str()), (Some(true), Some("dry_run")));
 }
 
 #[test]

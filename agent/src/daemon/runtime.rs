@@ -1,21 +1,16 @@
-//! The container runtime in the agent: a view per reconcile, said once when
-//! it comes and goes, stuck sandboxes reported, and the runtime's event
-//! stream followed where it offers one.
+//! The container runtime in the agent: a view per reconcile, a change when
+//! it comes and goes, stuck sandboxes as they start and stop being stuck
+//! (told by `publish`), and the runtime's event stream followed where it
+//! offers one.
 
-use std::{
-    collections::BTreeMap,
-    path::PathBuf,
-    time::{Duration, SystemTime},
-};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use serde_json::json;
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::{
     engine::{Observations, PodRef, RuntimeView, StuckSandbox, runtime::stuck_sandboxes},
     runtime::{RuntimeError, RuntimeWitness},
-    telemetry::{metrics::Metrics, stream::EventStream},
 };
 
 /// The `source` label and event field of the runtime.
@@ -25,6 +20,36 @@ pub const SOURCE: &str = "cri";
 /// long before asking again: a wedged runtime must not add its timeout to
 /// every kernel-driven release.
 pub const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// The runtime started or stopped answering.
+#[derive(Debug)]
+pub struct SourceChange {
+    pub active: bool,
+    /// The runtime and socket, or why it is not used.
+    pub detail: String,
+    pub kind: ChangeKind,
+}
+
+/// How a change of the runtime's reachability is told (its log level).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeKind {
+    /// Configured off.
+    Off,
+    Answers,
+    /// None configured or found: not a fault.
+    Absent,
+    /// It answered before, or was configured, and does not now.
+    Lost,
+}
+
+/// Stuck sandboxes that started or stopped being stuck.
+#[derive(Debug, Default)]
+pub struct StuckChanges {
+    pub started: Vec<StuckSandbox>,
+    pub ended: Vec<StuckSandbox>,
+    /// Stuck now.
+    pub count: usize,
+}
 
 pub struct RuntimeSource {
     witness: RuntimeWitness,
@@ -48,79 +73,49 @@ impl RuntimeSource {
     }
 
     /// The runtime's view now, or None (not reachable: the engine decides on
-    /// kernel evidence alone). A change of reachability is logged, emitted
-    /// (`source_changed`) and set as a metric once, not at every reconcile.
-    pub async fn view(&mut self, events: &mut EventStream, metrics: &Metrics) -> anyhow::Result<Option<RuntimeView>> {
+    /// kernel evidence alone), and a change of reachability when there is
+    /// one (said once, not at every reconcile).
+    pub async fn view(&mut self) -> (Option<RuntimeView>, Option<SourceChange>) {
         if self.witness.is_off() {
-            if self.reachable.is_none() {
-                info!("container runtime: {}", self.witness.choice());
-                self.reachable = Some(false);
-            }
-            return Ok(None);
+            let change = self.reachable.is_none().then(|| SourceChange {
+                active: false,
+                detail: format!("container runtime: {}", self.witness.choice()),
+                kind: ChangeKind::Off,
+            });
+            self.reachable = Some(false);
+            return (None, change);
         }
         if self.retry_at.is_some_and(|at| tokio::time::Instant::now() < at) {
-            return Ok(None);
+            return (None, None);
         }
         let result = self.witness.view().await;
         let reachable = result.is_ok();
         self.retry_at = (!reachable).then(|| tokio::time::Instant::now() + RETRY_AFTER);
+        let mut change = None;
         if self.reachable != Some(reachable) {
-            let detail = match &result {
-                Ok(v) => format!("{} on {}", v.runtime, self.witness.choice()),
-                Err(e) => e.to_string(),
-            };
-            match &result {
-                Ok(_) => info!(source = SOURCE, "container runtime answers: {detail}; its sandbox list is evidence"),
+            let (detail, kind) = match &result {
+                Ok(v) => (format!("{} on {}", v.runtime, self.witness.choice()), ChangeKind::Answers),
                 // Never reached and none configured or found: not a fault.
-                Err(RuntimeError::NoSocket(_)) if self.reachable.is_none() => {
-                    info!(source = SOURCE, "no container runtime: {detail}; deciding on kernel evidence alone");
-                }
-                Err(_) => {
-                    warn!(
-                        source = SOURCE,
-                        "container runtime unavailable: {detail}; deciding on kernel evidence alone"
-                    );
-                }
-            }
-            events.emit(
-                SystemTime::now(),
-                "source_changed",
-                &json!({ "source": SOURCE, "active": reachable, "detail": detail }),
-            )?;
-            metrics.set_source_active(SOURCE, reachable);
+                Err(e @ RuntimeError::NoSocket(_)) if self.reachable.is_none() => (e.to_string(), ChangeKind::Absent),
+                Err(e) => (e.to_string(), ChangeKind::Lost),
+            };
+            change = Some(SourceChange { active: reachable, detail, kind });
             self.reachable = Some(reachable);
         }
-        Ok(result.ok())
+        (result.ok(), change)
     }
 
-    /// Reports sandboxes that became stuck (NOTREADY with their netns alive)
-    /// or stopped being stuck, and sets the gauge. When the runtime cannot be
-    /// asked the last known set stands: nothing new is known about them.
-    pub fn report_stuck(
-        &mut self,
-        obs: &Observations,
-        events: &mut EventStream,
-        metrics: &Metrics,
-    ) -> anyhow::Result<()> {
-        if obs.runtime.is_none() {
-            return Ok(());
-        }
+    /// Sandboxes that became stuck (NOTREADY with their netns alive) or
+    /// stopped being stuck. None when the runtime cannot be asked: the last
+    /// known set stands, nothing new is known about them.
+    pub fn stuck_changes(&mut self, obs: &Observations) -> Option<StuckChanges> {
+        obs.runtime.as_ref()?;
         let now: BTreeMap<String, StuckSandbox> = stuck_sandboxes(obs).into_iter().map(|s| (s.id.clone(), s)).collect();
-        for (id, s) in &now {
-            if !self.stuck.contains_key(id) {
-                warn!(sandbox = %id, pod = s.pod.as_ref().map(ToString::to_string), "{s}");
-                events.emit(SystemTime::now(), "sandbox_stuck", &stuck_event(s))?;
-            }
-        }
-        for (id, s) in &self.stuck {
-            if !now.contains_key(id) {
-                info!(sandbox = %id, pod = s.pod.as_ref().map(ToString::to_string), "sandbox no longer stuck");
-                events.emit(SystemTime::now(), "sandbox_unstuck", &stuck_event(s))?;
-            }
-        }
-        metrics.set_sandboxes_stuck(now.len() as u64);
+        let started = now.iter().filter(|(id, _)| !self.stuck.contains_key(*id)).map(|(_, s)| s.clone()).collect();
+        let ended = self.stuck.iter().filter(|(id, _)| !now.contains_key(*id)).map(|(_, s)| s.clone()).collect();
+        let count = now.len();
         self.stuck = now;
-        Ok(())
+        Some(StuckChanges { started, ended, count })
     }
 
     /// Follows `GetContainerEvents` where the runtime offers it: each event
@@ -159,59 +154,30 @@ impl RuntimeSource {
     }
 }
 
-fn stuck_event(s: &StuckSandbox) -> serde_json::Value {
-    json!({
-        "sandbox_id": s.id,
-        "pod": s.pod.as_ref().map(ToString::to_string),
-        "pod_uid": s.pod.as_ref().map(|p| p.uid.clone()),
-        "netns": s.netns,
-        "netns_inode": s.live.and_then(|id| id.inode),
-        "netns_closed_by_runtime": s.netns_closed,
-        "detail": s.to_string(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::SystemTime;
+
     use crate::engine::{RuntimeSandbox, SandboxState};
-
-    fn events_in(dir: &tempfile::TempDir) -> (EventStream, std::path::PathBuf) {
-        let path = dir.path().join("events.jsonl");
-        (EventStream::file(&path).unwrap(), path)
-    }
-
-    fn named(path: &std::path::Path, name: &str) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(path)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .filter(|e| e["event"] == name)
-            .collect()
-    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn an_unreachable_runtime_is_said_once_and_then_asked_only_after_a_pause() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut events, path) = events_in(&dir);
-        let metrics = Metrics::default();
         let mut source = RuntimeSource::new(Some(dir.path().join("no-such.sock")));
+        let mut changes = Vec::new();
         for _ in 0..3 {
-            assert!(source.view(&mut events, &metrics).await.unwrap().is_none());
+            let (view, change) = source.view().await;
+            assert!(view.is_none());
+            changes.extend(change);
         }
-        events.sync().unwrap();
-        let changes = named(&path, "source_changed");
         assert_eq!(changes.len(), 1, "{changes:?}");
-        assert_eq!(changes[0]["active"], false);
+        assert!(!changes[0].active);
         assert!(source.retry_at.is_some(), "backs off after a failure");
-        assert!(metrics.encode().contains("netreap_source_active{source=\"cri\"} 0"));
     }
 
     #[test]
     fn stuck_sandboxes_are_reported_when_they_start_and_stop_being_stuck() {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut events, path) = events_in(&dir);
-        let metrics = Metrics::default();
         let mut source = RuntimeSource::new(None);
         let stuck = RuntimeSandbox {
             id: "c1".into(),
@@ -229,19 +195,16 @@ mod tests {
         };
         let mut obs = Observations::default();
         obs.set_runtime(Some(view(vec![stuck.clone()])));
-        source.report_stuck(&obs, &mut events, &metrics).unwrap();
-        source.report_stuck(&obs, &mut events, &metrics).unwrap();
-        assert!(metrics.encode().contains("netreap_sandboxes_stuck 1"));
+        let first = source.stuck_changes(&obs).expect("the runtime answered");
+        assert_eq!((first.started.len(), first.ended.len(), first.count), (1, 0, 1));
+        assert_eq!(first.started[0].pod.as_ref().map(ToString::to_string).as_deref(), Some("ns/web"));
+        let again = source.stuck_changes(&obs).expect("the runtime answered");
+        assert_eq!((again.started.len(), again.ended.len(), again.count), (0, 0, 1));
         // Unreachable: nothing new is known, nothing said.
         obs.set_runtime(None);
-        source.report_stuck(&obs, &mut events, &metrics).unwrap();
+        assert!(source.stuck_changes(&obs).is_none());
         obs.set_runtime(Some(view(vec![RuntimeSandbox { netns_closed: Some(true), ..stuck }])));
-        source.report_stuck(&obs, &mut events, &metrics).unwrap();
-        events.sync().unwrap();
-        let reported = named(&path, "sandbox_stuck");
-        assert_eq!(reported.len(), 1, "{reported:?}");
-        assert_eq!(reported[0]["pod"], "ns/web");
-        assert_eq!(named(&path, "sandbox_unstuck").len(), 1);
-        assert!(metrics.encode().contains("netreap_sandboxes_stuck 0"));
+        let over = source.stuck_changes(&obs).expect("the runtime answered");
+        assert_eq!((over.started.len(), over.ended.len(), over.count), (0, 1, 0));
     }
 }

@@ -14,7 +14,7 @@ use std::{
 };
 
 use kube::{Api, Client, runtime::watcher};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{
     ConfigOrigin, KubeSource,
@@ -308,7 +308,7 @@ impl KubeAgent {
                     whereabouts::release(&self.client, &intent.verdict.reservation, false, &reverify, &mut *look).await
                 };
                 self.journal.record_outcome(&intent.id, &outcome, None)?;
-                info!(intent = %intent.id, ip = %intent.verdict.reservation.ip, "recovered whereabouts intent: {outcome}");
+                debug!(intent = %intent.id, ip = %intent.verdict.reservation.ip, "recovered whereabouts intent: {outcome}");
                 records.push(ReleaseRecord {
                     intent_id: Some(intent.id),
                     dry_run: intent.dry_run,
@@ -325,7 +325,7 @@ impl KubeAgent {
             let intent = self.journal.record_intent(v, self.dry_run)?;
             let outcome = whereabouts::release(&self.client, &v.reservation, self.dry_run, &reverify, &mut *look).await;
             self.journal.record_outcome(&intent.id, &outcome, None)?;
-            info!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
+            debug!(ip = %v.reservation.ip, pool = %v.reservation.network, container = %v.reservation.container_id, "whereabouts release: {outcome}");
             let failed = matches!(outcome, Outcome::Failed { .. });
             records.push(ReleaseRecord {
                 intent_id: Some(intent.id),

@@ -357,6 +357,12 @@ impl Ledger {
         );
     }
 
+    /// Some CNI run is in the ledger and not finished.
+    #[must_use]
+    pub fn any_running(&self) -> bool {
+        !self.running.is_empty() || !self.unattributed.is_empty()
+    }
+
     /// A CNI run of this process is in the ledger and not finished.
     #[must_use]
     pub fn is_running(&self, pid: u32) -> bool {

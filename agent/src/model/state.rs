@@ -406,7 +406,8 @@ impl Model {
         };
         self.registry.remove(id, source);
         let death = NetnsDeath::from_view(&view, at, source);
-        info!(
+        // Logged (once) where it is reported: the daemon's publish.
+        debug!(
             inode = ?death.inode,
             nsid = ?death.nsid,
             source = ?source,

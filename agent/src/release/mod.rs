@@ -270,7 +270,7 @@ impl Releaser {
                 (outcome, Some(fresh))
             };
             self.journal.record_outcome(&intent.id, &outcome, reverified.as_ref())?;
-            tracing::info!(intent = %intent.id, ip = %reservation.ip, network = %reservation.network, "recovered intent: {outcome}");
+            tracing::debug!(intent = %intent.id, ip = %reservation.ip, network = %reservation.network, "recovered intent: {outcome}");
             records.push(ReleaseRecord {
                 intent_id: Some(intent.id),
                 dry_run: intent.dry_run,
@@ -354,8 +354,10 @@ impl Releaser {
     }
 }
 
+/// At debug: the agent logs each release once where it reports it (its
+/// publish), the CLI prints its outcomes.
 fn log_outcome(r: &Reservation, outcome: &Outcome, dry_run: bool) {
-    tracing::info!(
+    tracing::debug!(
         network = %r.network,
         ip = %r.ip,
         container_id = %r.container_id,

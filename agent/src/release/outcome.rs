@@ -17,6 +17,8 @@ pub enum Outcome {
         cache_notes: Vec<String>,
     },
     /// Dry run: the file still names the same owner and would be removed.
+    /// (Older journals spelled it `would_release`; read either way.)
+    #[serde(rename = "dry_run", alias = "would_release")]
     WouldRelease {
         cache_entries: Vec<PathBuf>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -31,12 +33,14 @@ pub enum Outcome {
     Kept { status: Status, reason: String },
     /// The last look under the plugin's lock found the reservation in use
     /// (its IP configured in a netns now, or a CNI run in flight): kept.
+    #[serde(rename = "kept_by_last_look", alias = "last_look_kept")]
     LastLookKept { found: String, ip_configured: bool },
     /// Not acted on: not orphaned, or not a reservation netreap can release.
     Refused { reason: String },
     /// The file became something that is not a reservation: not touched.
     Anomalous { kind: AnomalyKind, detail: String },
     /// The store could not be read or changed.
+    #[serde(rename = "error", alias = "failed")]
     Failed { error: String },
     /// The plugin's lock was still held when the wait ran out (a plugin
     /// stuck?): nothing was touched; retried later, with back-off.
@@ -52,6 +56,25 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The one spelling of this outcome: the journal's `result`, the event
+    /// stream's `outcome` and the metric label.
+    #[must_use]
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Released { .. } => "released",
+            Self::WouldRelease { .. } => "dry_run",
+            Self::AlreadyGone => "already_gone",
+            Self::OwnerChanged { .. } => "owner_changed",
+            Self::Kept { .. } => "kept",
+            Self::LastLookKept { .. } => "kept_by_last_look",
+            Self::Refused { .. } => "refused",
+            Self::Anomalous { .. } => "anomalous",
+            Self::Failed { .. } => "error",
+            Self::LockBusy { .. } => "lock_busy",
+            Self::DryRunClosed => "dry_run_closed",
+        }
+    }
+
     /// Whether a store was changed.
     #[must_use]
     pub fn released(&self) -> bool {

@@ -2,6 +2,7 @@
 //! the HTTP endpoints (health, readiness, state).
 
 pub mod clock;
+pub mod event;
 pub mod http;
 pub mod logging;
 pub mod metrics;

@@ -12,10 +12,7 @@ use std::{
     time::SystemTime,
 };
 
-use serde::Serialize;
-use serde_json::{Map, Value};
-
-use super::clock::rfc3339;
+use super::{clock::rfc3339, event::Event};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -27,6 +24,8 @@ pub enum StreamError {
     Write(#[from] io::Error),
     #[error("encoding an event: {0}")]
     Encode(#[from] serde_json::Error),
+    #[error("an event did not serialize as a JSON object")]
+    NotAnObject,
 }
 
 enum Target {
@@ -163,19 +162,21 @@ impl EventStream {
         Ok(())
     }
 
-    /// Writes `{"time":..., "event": name, ...fields of payload}`.
-    pub fn emit<T: Serialize>(&mut self, time: SystemTime, event: &str, payload: &T) -> Result<(), StreamError> {
-        let mut line = Map::new();
-        line.insert("time".into(), Value::String(rfc3339(time)));
-        line.insert("event".into(), Value::String(event.to_owned()));
-        match serde_json::to_value(payload)? {
-            Value::Object(fields) => line.extend(fields),
-            Value::Null => {}
-            other => {
-                line.insert("value".into(), other);
-            }
+    /// Writes `{"time":..., "event": name, ...fields}`: the event is
+    /// serialized once, straight into the line (no intermediate JSON tree).
+    pub fn emit(&mut self, time: SystemTime, event: &Event<'_>) -> Result<(), StreamError> {
+        let mut bytes = Vec::with_capacity(256);
+        bytes.extend_from_slice(b"{\"time\":\"");
+        bytes.extend_from_slice(rfc3339(time).as_bytes());
+        bytes.extend_from_slice(b"\",");
+        let fields_at = bytes.len();
+        serde_json::to_writer(&mut bytes, event)?;
+        // The event is an object (its tag is always there): drop its own
+        // opening brace so its fields follow `time`.
+        if bytes.get(fields_at) != Some(&b'{') {
+            return Err(StreamError::NotAnObject);
         }
-        let mut bytes = serde_json::to_vec(&Value::Object(line))?;
+        bytes.remove(fields_at);
         bytes.push(b'\n');
         match &mut self.target {
             Target::Stdout(out) => {
@@ -195,6 +196,8 @@ impl EventStream {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
 
     #[test]
@@ -202,16 +205,16 @@ mod tests {
         let dir = tempfile::tempdir().expect("event file I/O");
         let path = dir.path().join("events.jsonl");
         let mut s = EventStream::file(&path).expect("event file I/O");
-        s.emit(SystemTime::UNIX_EPOCH, "netns_entered", &serde_json::json!({"netns_inode": 5}))
+        s.emit(SystemTime::UNIX_EPOCH, &Event::RecordsDropped { dropped: 5 }).expect("event file I/O");
+        s.emit(SystemTime::UNIX_EPOCH, &Event::MalformedRecord { error: "short \"x\"".into() })
             .expect("event file I/O");
-        s.emit(SystemTime::UNIX_EPOCH, "probe_drops", &3u64).expect("event file I/O");
         let text = std::fs::read_to_string(&path).expect("event file I/O");
         let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).expect("event file I/O")).collect();
         assert_eq!(lines.len(), 2);
-        assert_eq!(lines[0]["event"], "netns_entered");
-        assert_eq!(lines[0]["netns_inode"], 5);
+        assert_eq!(lines[0]["event"], "records_dropped");
+        assert_eq!(lines[0]["dropped"], 5);
         assert_eq!(lines[0]["time"], "1970-01-01T00:00:00.000Z");
-        assert_eq!(lines[1]["value"], 3);
+        assert_eq!(lines[1]["error"], "short \"x\"");
     }
 
     fn read_lines(path: &Path) -> Vec<Value> {
@@ -220,11 +223,16 @@ mod tests {
         text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("split line {l:?}: {e}"))).collect()
     }
 
+    /// Events whose `error` is `<seq> xxx...`.
     fn emit_n(s: &mut EventStream, from: u64, n: u64) {
         for seq in from..from + n {
-            s.emit(SystemTime::UNIX_EPOCH, "resync", &serde_json::json!({ "seq": seq, "pad": "x".repeat(40) }))
-                .expect("event file I/O");
+            let error = format!("{seq} {}", "x".repeat(40));
+            s.emit(SystemTime::UNIX_EPOCH, &Event::MalformedRecord { error }).expect("event file I/O");
         }
+    }
+
+    fn seq(line: &Value) -> u64 {
+        line["error"].as_str().and_then(|e| e.split(' ').next()).and_then(|n| n.parse().ok()).expect("a seq")
     }
 
     #[test]
@@ -249,8 +257,7 @@ mod tests {
         }
         // Newest last in the live file; the rotated files hold the lines
         // just before it, with no gap and no duplicate.
-        let seqs: Vec<u64> =
-            [&two, &one, &live].iter().flat_map(|f| f.iter().map(|l| l["seq"].as_u64().expect("seq field"))).collect();
+        let seqs: Vec<u64> = [&two, &one, &live].iter().flat_map(|f| f.iter().map(seq)).collect();
         assert_eq!(seqs.last(), Some(&99));
         assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "consecutive: {seqs:?}");
         assert!(one.len() > 1 && two.len() > 1);
@@ -268,12 +275,11 @@ mod tests {
         let mut s = EventStream::file_rotating(&path, 300, 1).expect("event file I/O");
         emit_n(&mut s, 2, 1);
         assert_eq!(read_lines(&numbered(&path, 1)).len(), 2);
-        assert_eq!(read_lines(&path)[0]["seq"], 2);
-        s.emit(SystemTime::UNIX_EPOCH, "resync", &serde_json::json!({ "pad": "y".repeat(1000) }))
-            .expect("event file I/O");
+        assert_eq!(seq(&read_lines(&path)[0]), 2);
+        s.emit(SystemTime::UNIX_EPOCH, &Event::MalformedRecord { error: "y".repeat(1000) }).expect("event file I/O");
         let huge = read_lines(&path);
         assert_eq!(huge.len(), 1, "the oversized line is alone and whole");
-        assert_eq!(huge[0]["pad"].as_str().map(str::len), Some(1000));
+        assert_eq!(huge[0]["error"].as_str().map(str::len), Some(1000));
     }
 
     #[test]
@@ -283,6 +289,6 @@ mod tests {
         let mut s = EventStream::file_rotating(&path, 200, 0).expect("event file I/O");
         emit_n(&mut s, 0, 10);
         assert_eq!(std::fs::read_dir(dir.path()).expect("event file I/O").count(), 1);
-        assert_eq!(read_lines(&path).last().expect("a line")["seq"], 9);
+        assert_eq!(seq(read_lines(&path).last().expect("a line")), 9);
     }
 }

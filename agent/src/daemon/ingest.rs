@@ -1,0 +1,124 @@
+//! Kernel batches into the ledger (CNI runs), the model (netns records) and
+//! the metrics; ring-buffer losses and CNI runs that vanished without an
+//! exit record.
+
+use std::time::SystemTime;
+
+use super::{Agent, triggers::Reason};
+use crate::{
+    kernel::{
+        events::{DecodeError, KernelEvent},
+        stream::KernelStream,
+    },
+    ledger::persist::Window,
+};
+
+impl Agent {
+    /// Ingests a batch; CNI runs that finished in it go to the triggers.
+    pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
+        let mut decoded = Vec::with_capacity(batch.len());
+        let (mut finished, mut failed) = (false, false);
+        for record in batch {
+            let event = match record {
+                Ok(event) => event,
+                Err(e) => {
+                    self.publish_malformed(&e)?;
+                    continue;
+                }
+            };
+            if self.admit_cni_run(&event)?
+                && let Some(succeeded) = self.record_cni_run(&event)
+            {
+                finished = true;
+                failed |= !succeeded;
+            }
+            self.publish_kernel_event(&event)?;
+            decoded.push(event);
+        }
+        if !decoded.is_empty() {
+            self.model.kernel_events(decoded).await?;
+            // Rendered for /state at most once a second (housekeeping).
+            self.attachments_dirty = true;
+            self.memory.dirty = true;
+        }
+        if finished {
+            self.triggers.cni_exited(failed);
+        }
+        Ok(())
+    }
+
+    /// A CNI run's record into the ledger; when it ended a run, whether
+    /// the run succeeded.
+    fn record_cni_run(&mut self, event: &KernelEvent) -> Option<bool> {
+        if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), event)
+            && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
+        {
+            k.on_cni_exec(task.tgid, &cid.value);
+        }
+        // An exit of a run whose container is unknown (its environment was
+        // not read that far) ends no attachment but ends a run all the same.
+        let was_running = matches!(event, KernelEvent::CniExit { task, .. } if self.ledger.is_running(task.tgid));
+        let clock = self.clock;
+        let att = self.ledger.observe(event, |k| clock.wall(k), &self.resolver);
+        let KernelEvent::CniExit { task, exit } = event else { return None };
+        if !was_running {
+            return None;
+        }
+        if let Some(op) = att.and_then(|a| a.operations.iter().rev().find(|op| op.pid == task.tgid)) {
+            self.metrics.cni_operation(&op.command, op.result());
+        }
+        Some(exit.succeeded())
+    }
+
+    /// The CNI-run filter, before the ledger: false for an exec record that
+    /// is not a CNI plugin run (reported as an anomaly; the ledger never
+    /// sees it). A run whose environment scan was cut short is counted.
+    fn admit_cni_run(&mut self, event: &KernelEvent) -> anyhow::Result<bool> {
+        let KernelEvent::CniExec { exec, .. } = event else { return Ok(true) };
+        if let Err(anomaly) = self.cni_filter.admit(event) {
+            self.publish_cni_anomaly(event, &anomaly)?;
+            return Ok(false);
+        }
+        if exec.env_scan_limited {
+            self.publish_env_scan_limited(event);
+        }
+        Ok(true)
+    }
+
+    /// Once a second: /state's ledger, the saved knowledge, ring-buffer
+    /// losses, and CNI runs whose process is gone without an exit record.
+    pub(super) async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        self.publish_attachments();
+        if std::mem::take(&mut self.memory.dirty) {
+            self.save_knowledge().await;
+        }
+        let dropped = kernel.new_drops()?;
+        if dropped > 0 {
+            // Something may be missing from the ledger: from now on, youth
+            // grace again, and re-read the model.
+            let now = SystemTime::now();
+            self.memory.windows.push(Window { since: self.watching_since, until: now });
+            self.watching_since = now;
+            self.publish_records_dropped(dropped)?;
+            self.model.resync().await?;
+        }
+        // A plugin is gone from /proc as soon as its parent reaps it, which
+        // can be before its exit record (already in the ring buffer) is
+        // read: a run counts as vanished only when its process was gone at
+        // the previous tick too, so its exit code is not lost to a race.
+        let gone_before = std::mem::take(&mut self.gone_at_last_tick);
+        let gone_now = std::cell::RefCell::new(std::collections::HashSet::new());
+        let vanished = self.ledger.reap_vanished(SystemTime::now(), |pid| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                return true;
+            }
+            gone_now.borrow_mut().insert(pid);
+            !gone_before.contains(&pid)
+        });
+        self.gone_at_last_tick = gone_now.into_inner();
+        if vanished > 0 {
+            self.reconcile(Reason::CniExitUnobserved).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,111 @@
+//! What this run carries over from earlier ones (bindings and windows of
+//! complete watching, see `restore`), and saves for later ones.
+
+use std::time::SystemTime;
+
+use tracing::warn;
+
+use super::{Agent, restore};
+use crate::{
+    engine::observations::DeadNetns,
+    ledger::persist::{self, Window},
+};
+
+#[derive(Default)]
+pub(super) struct Memory {
+    pub boot_id: String,
+    /// Closed windows of complete watching (earlier runs, and this run's
+    /// before a ring-buffer loss).
+    pub windows: Vec<Window>,
+    /// Netns of saved bindings that the kernel says died while netreap was
+    /// down.
+    pub dead_while_down: Vec<DeadNetns>,
+    /// The ledger changed since the last save.
+    pub dirty: bool,
+}
+
+/// How the saved bindings fared, for the log.
+#[derive(Debug, Default)]
+pub(super) struct Restored {
+    pub alive: usize,
+    pub dead: usize,
+    pub unknown: usize,
+    pub same_boot: bool,
+}
+
+impl Agent {
+    /// Loads what an earlier run saved and asks the kernel what became of
+    /// each netns it knew (after the model's first full sync).
+    pub(super) async fn remember(&mut self) {
+        self.memory.boot_id = persist::boot_id();
+        let knowledge = match persist::load(&self.config.state_dir) {
+            Ok(Some(k)) => k,
+            Ok(None) => return,
+            Err(e) => {
+                warn!("earlier knowledge not used: {e}");
+                return;
+            }
+        };
+        let snapshot = match self.model.snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("earlier knowledge not used: no model snapshot: {e}");
+                return;
+            }
+        };
+        let same_boot = !knowledge.boot_id.is_empty() && knowledge.boot_id == self.memory.boot_id;
+        let known_good = snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid);
+        let mut querier = crate::netlink::query::Querier::open().ok();
+        let mut nsid_exists = |nsid: i32| querier.as_mut().and_then(|q| q.nsid_exists(nsid, known_good).ok().flatten());
+        let mut counts = Restored { same_boot, ..Restored::default() };
+        let mut restored_attachments = Vec::with_capacity(knowledge.bindings.len());
+        let mut dead_now: Vec<DeadNetns> = Vec::new();
+        for saved in knowledge.bindings {
+            let fate = restore::fate(&saved, knowledge.saved_at, same_boot, &snapshot, &mut nsid_exists);
+            match &fate {
+                Some(restore::Fate::Alive(_)) => counts.alive += 1,
+                Some(restore::Fate::Dead { .. }) => counts.dead += 1,
+                Some(restore::Fate::Unknown(_)) | None => counts.unknown += 1,
+            }
+            let (attachment, died) = restore::restored(saved, fate.as_ref());
+            if let Some(d) = died {
+                match dead_now.iter_mut().find(|x| x.id == d.id) {
+                    Some(x) => x.container_ids.extend(d.container_ids),
+                    None => dead_now.push(d),
+                }
+            }
+            restored_attachments.push(attachment);
+        }
+        self.ledger.restore(restored_attachments);
+        self.memory.windows = knowledge.watched;
+        self.publish_restored(&counts, &dead_now);
+        self.memory.dead_while_down = dead_now;
+        self.attachments_dirty = true;
+        self.memory.dirty = true;
+    }
+
+    /// Saves the ledger with each binding's netns incarnation.
+    pub(super) async fn save_knowledge(&mut self) {
+        let snapshot = match self.model.snapshot().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("knowledge not saved: no model snapshot: {e}");
+                return;
+            }
+        };
+        let now = SystemTime::now();
+        let mut windows = self.memory.windows.clone();
+        windows.push(Window { since: self.watching_since, until: now });
+        let knowledge = restore::knowledge_of(
+            &self.ledger,
+            &snapshot,
+            &self.memory.dead_while_down,
+            self.memory.boot_id.clone(),
+            windows,
+            now,
+        );
+        if let Err(e) = persist::save(&self.config.state_dir, &knowledge) {
+            warn!("knowledge not saved: {e}");
+        }
+    }
+}

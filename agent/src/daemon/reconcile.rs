@@ -1,0 +1,307 @@
+//! One pass: observe, decide, release what is orphaned. It returns what it
+//! found and did ([`Reconciled`]) and writes nothing the world reads: no
+//! log, event, metric or `/state` (that is `publish`).
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::Arc,
+    time::{Instant, SystemTime},
+};
+
+use super::{
+    Agent, evidence,
+    runtime::{self, SourceChange, StuckChanges},
+    triggers::{self, Reason},
+};
+use crate::{
+    engine::{Observations, PodRef, Status, Verdict, decide, decide_one},
+    ipam::{Anomaly, ReservationStore, scan_all},
+    model::snapshot::ModelSnapshot,
+    release::{ReleaseError, ReleaseRecord, Releaser, lastlook::KernelLook},
+    telemetry::event::ReleaseReason,
+};
+
+/// A verdict whose status changed (or that was first seen).
+pub(super) struct Change {
+    /// Into [`Reconciled::verdicts`].
+    pub index: usize,
+    pub before: Option<Status>,
+    pub pod: Option<PodRef>,
+}
+
+/// What a reconcile found and did.
+pub(super) struct Reconciled {
+    pub reason: Reason,
+    pub started: Instant,
+    pub verdicts: Vec<Verdict>,
+    pub changed: Vec<Change>,
+    /// Entries that are not reservations, not reported before.
+    pub new_anomalies: Vec<Anomaly>,
+    /// whereabouts releases (host-local ones come back later, from the
+    /// blocking pool, through [`ReleaseDone`]).
+    pub whereabouts: Vec<ReleaseRecord>,
+    pub observed: Observed,
+    /// When a pending verdict wants another look.
+    pub requeue: Option<SystemTime>,
+}
+
+/// What observing found besides the observations themselves.
+pub(super) struct Observed {
+    pub snapshot: Arc<ModelSnapshot>,
+    pub runtime: Option<crate::engine::RuntimeView>,
+    pub source_changed: Option<SourceChange>,
+    pub stuck: Option<StuckChanges>,
+}
+
+/// A release batch that ran on the blocking pool, with the releaser back.
+pub(super) struct ReleaseDone {
+    releaser: Releaser,
+    admitted: Vec<Verdict>,
+    /// The runtime's pod of each admitted container, when it names one.
+    pods: HashMap<String, PodRef>,
+    result: Result<Vec<ReleaseRecord>, ReleaseError>,
+}
+
+impl Agent {
+    /// Reconciles and reports.
+    pub(super) async fn reconcile(&mut self, reason: Reason) -> anyhow::Result<()> {
+        let reconciled = self.reconcile_quietly(reason).await?;
+        let waiting_on_runs = reconciled.verdicts.iter().any(triggers::waits_on_runs);
+        self.triggers.reconciled(reconciled.requeue, waiting_on_runs, self.ledger.any_running());
+        self.publish_reconciled(reconciled)
+    }
+
+    async fn reconcile_quietly(&mut self, reason: Reason) -> anyhow::Result<Reconciled> {
+        let started = Instant::now();
+        let (obs, observed) = self.observe().await?;
+        let stores = self.stores.clone();
+        let mut scan = tokio::task::spawn_blocking(move || {
+            let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
+            scan_all(&stores)
+        })
+        .await?;
+        let now = SystemTime::now();
+        let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
+        // whereabouts verdicts follow the host-local ones; each store's
+        // releaser gets only its own.
+        let local = verdicts.len();
+        if let Some(k) = &self.kube {
+            verdicts.extend(k.decide(&obs, now, &self.policy));
+            scan.anomalies.extend_from_slice(k.anomalies());
+        }
+        let new_anomalies = self.new_anomalies(scan.anomalies);
+        let changed = self.changes(&verdicts, &obs);
+        // host-local on the blocking pool (records come back to
+        // `on_release_done`); whereabouts here, with its own last look.
+        self.start_release(&verdicts[..local], &obs, &observed.snapshot);
+        let mut whereabouts = Vec::new();
+        if self.kube.is_some() {
+            let policy = self.policy;
+            let mut look = self.kernel_look(&observed.snapshot);
+            let reverify = |r: &crate::ipam::Reservation| decide_one(&obs, r, SystemTime::now(), &policy);
+            if let Some(k) = self.kube.as_mut() {
+                whereabouts = k.release(&verdicts[local..], reverify, &mut look).await?;
+            }
+        }
+        // Without its events, only asking the runtime again shows a sandbox
+        // it is done with: look again at the old pace while one is pending.
+        let poll = obs.runtime.is_some().then(|| self.runtime_poll());
+        let requeue = triggers::next_recheck(&verdicts, now, &self.policy, poll);
+        Ok(Reconciled { reason, started, verdicts, changed, new_anomalies, whereabouts, observed, requeue })
+    }
+
+    /// How often a pending verdict is looked at while the runtime answers.
+    fn runtime_poll(&self) -> std::time::Duration {
+        (self.policy.in_flight_grace.min(self.policy.orphan_grace) / 4)
+            .clamp(std::time::Duration::from_secs(1), self.config.resync_interval)
+    }
+
+    /// Fresh observations: the model, the CNI cache, the ledger, the
+    /// runtime and the Kubernetes API.
+    pub(super) async fn observe(&mut self) -> anyhow::Result<(Observations, Observed)> {
+        let snapshot = Arc::new(self.model.snapshot().await?);
+        // A directory scan: on the blocking pool, not the event thread.
+        let cache_dir = self.cache.clone();
+        let cache = tokio::task::spawn_blocking(move || cache_dir.scan()).await?;
+        let now = SystemTime::now();
+        let present: HashSet<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
+        self.cache_first_seen.retain(|path, _| present.contains(path));
+        for a in &cache.attachments {
+            self.cache_first_seen.entry(a.path.clone()).or_insert(now);
+        }
+        let mut obs = evidence::observations(
+            &snapshot,
+            &self.ledger,
+            &cache.attachments,
+            Some(self.watching_since),
+            Some(&self.cache_first_seen),
+        );
+        let (view, source_changed) = self.runtime.view().await;
+        obs.set_runtime(view);
+        let stuck = self.runtime.stuck_changes(&obs);
+        obs.dead.extend(self.memory.dead_while_down.iter().cloned());
+        obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
+        if let Some(k) = self.kube.as_mut() {
+            k.observe(&mut obs, &self.ledger, &cache.attachments);
+        }
+        let runtime = obs.runtime.clone();
+        Ok((obs, Observed { snapshot, runtime, source_changed, stuck }))
+    }
+
+    /// Entries that are not reservations and were not reported yet.
+    fn new_anomalies(&mut self, anomalies: Vec<Anomaly>) -> Vec<Anomaly> {
+        let current: HashSet<String> = anomalies.iter().map(|a| a.path.clone()).collect();
+        let fresh = anomalies.into_iter().filter(|a| !self.anomalies.contains(&a.path)).collect();
+        self.anomalies = current;
+        fresh
+    }
+
+    /// The verdicts whose status changed since the last reconcile.
+    fn changes(&mut self, verdicts: &[Verdict], obs: &Observations) -> Vec<Change> {
+        let mut seen = HashMap::with_capacity(verdicts.len());
+        let mut changed = Vec::new();
+        for (index, v) in verdicts.iter().enumerate() {
+            let key = &v.reservation.path;
+            let before = self.verdicts.remove(key);
+            if before != Some(v.status) {
+                let pod = runtime::pod_of(obs, &v.reservation.container_id).cloned();
+                changed.push(Change { index, before, pod });
+            }
+            seen.insert(key.clone(), v.status);
+        }
+        self.verdicts = seen;
+        changed
+    }
+
+    /// Hands the orphans the retry gate admits to a release batch on the
+    /// blocking pool (flock waits and fsyncs stay off the event thread); its
+    /// records come back through `release_done`. One batch at a time: while
+    /// one runs, orphans wait for the reconcile that follows it.
+    fn start_release(&mut self, verdicts: &[Verdict], obs: &Observations, model: &ModelSnapshot) {
+        if self.releaser.is_none() {
+            self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
+            return;
+        }
+        let admitted = self.gate.admit(verdicts, std::time::Instant::now());
+        if admitted.is_empty() {
+            return;
+        }
+        self.arm_last_look(model);
+        let Some(mut releaser) = self.releaser.take() else { return };
+        // The runtime's names of the pods, for the release events.
+        let pods: HashMap<String, PodRef> = admitted
+            .iter()
+            .filter_map(|v| {
+                let id = &v.reservation.container_id;
+                runtime::pod_of(obs, id).map(|p| (id.to_string(), p.clone()))
+            })
+            .collect();
+        // The releaser acts on every orphan it is given and reads the
+        // others only as context (which IPs an attachment still holds), so
+        // orphans the gate holds back go in as context, marked pending.
+        let admitted_paths: HashSet<&PathBuf> = admitted.iter().map(|v| &v.reservation.path).collect();
+        let batch: Vec<Verdict> = verdicts
+            .iter()
+            .map(|v| {
+                let mut v = v.clone();
+                if v.is_orphaned() && !admitted_paths.contains(&v.reservation.path) {
+                    v.status = Status::Pending;
+                }
+                v
+            })
+            .collect();
+        let done = self.release_done.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = releaser.release_orphaned(&batch);
+            // The receiver lives as long as the event loop; if it is gone
+            // the agent is stopping and the journal already holds the truth.
+            let _ = done.blocking_send(ReleaseDone { releaser, admitted, pods, result });
+        });
+    }
+
+    /// Takes a finished batch back: reports its records, updates the retry
+    /// gate. Returns whether orphans waited for it (reconcile again).
+    pub(super) fn on_release_done(&mut self, done: ReleaseDone) -> anyhow::Result<bool> {
+        let ReleaseDone { releaser, admitted, pods, result } = done;
+        self.releaser = Some(releaser);
+        let records = match result {
+            Ok(records) => records,
+            Err(e) => {
+                self.gate.settle(&admitted, &[], std::time::Instant::now());
+                return Err(e.into());
+            }
+        };
+        self.gate.settle(&admitted, &records, std::time::Instant::now());
+        for record in &records {
+            let pod = pods.get(record.verdict.reservation.container_id.as_str());
+            self.publish_release(record, ReleaseReason::of(&record.verdict), pod)?;
+        }
+        Ok(std::mem::take(&mut self.release_waiting))
+    }
+
+    /// At shutdown: waits for a running batch, so its outcomes are reported
+    /// (they are journaled either way).
+    pub(super) async fn finish_release(
+        &mut self,
+        results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>,
+    ) -> anyhow::Result<()> {
+        if self.releaser.is_none()
+            && let Some(done) = results.recv().await
+        {
+            self.on_release_done(done)?;
+        }
+        Ok(())
+    }
+
+    /// Settles intents a previous run left without outcome, re-verified on
+    /// fresh observations.
+    pub(super) async fn recover(&mut self) -> anyhow::Result<()> {
+        let Some(releaser) = self.releaser.as_ref() else { return Ok(()) };
+        if releaser.journal().pending().is_empty() {
+            return Ok(());
+        }
+        let (obs, observed) = self.observe().await?;
+        let (now, policy) = (SystemTime::now(), self.policy);
+        self.arm_last_look(&observed.snapshot);
+        let Some(releaser) = self.releaser.take() else { return Ok(()) };
+        // Lock waits and fsyncs: on the blocking pool, so /healthz answers.
+        let obs = Arc::new(obs);
+        let seen = Arc::clone(&obs);
+        let (releaser, records) = tokio::task::spawn_blocking(move || {
+            let mut releaser = releaser;
+            let records = releaser.recover(|r| decide_one(&seen, r, now, &policy));
+            (releaser, records)
+        })
+        .await?;
+        self.releaser = Some(releaser);
+        for record in &records? {
+            let pod = runtime::pod_of(&obs, &record.verdict.reservation.container_id);
+            self.publish_release(record, ReleaseReason::Recovery, pod)?;
+        }
+        self.publish_observed(observed)
+    }
+
+    /// Gives the releaser a fresh last look: the kernel, asked about every
+    /// netns the model knows alive and any process netns it does not, and
+    /// the ledger's runs in flight.
+    fn arm_last_look(&mut self, model: &ModelSnapshot) {
+        let look = self.kernel_look(model);
+        if let Some(releaser) = self.releaser.as_mut() {
+            releaser.set_last_look(Box::new(look));
+        }
+    }
+
+    /// A last look for one batch of releases, with the model's netns.
+    fn kernel_look(&self, model: &ModelSnapshot) -> KernelLook {
+        let (mut nsids, mut inodes) = (Vec::new(), HashSet::new());
+        for v in model.alive().filter(|v| !v.host) {
+            nsids.extend(v.nsid);
+            inodes.extend(v.inode.map(u64::from));
+        }
+        inodes.extend(model.alive().filter(|v| v.host).filter_map(|v| v.inode.map(u64::from)));
+        let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
+        let bin_dirs = self.config.cni_bin_dirs.clone();
+        KernelLook::new(nsids, inodes, in_flight, bin_dirs)
+    }
+}

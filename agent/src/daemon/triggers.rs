@@ -1,0 +1,244 @@
+//! Why and when the agent reconciles. Deaths and the runtime's events ask
+//! at once; a pending verdict carries when time alone may change it (a
+//! grace running out), and the agent looks again then, instead of polling
+//! while anything is pending.
+//!
+//! Finished CNI runs come in bursts (a chain, a plugin's helpers, many
+//! pods) and are coalesced, and only those that can change a verdict worth
+//! acting on ask: a run that failed (leaks come from failures), any run
+//! while the last reconcile left a verdict waiting on runs in flight, and
+//! any run after a netns died while runs of its containers were in flight
+//! (what they wrote may not have been there to see). A successful ADD or DEL of a healthy pod asks for
+//! nothing: its reservation is judged at the next reconcile.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+use crate::engine::{Fact, Policy, Status, Verdict};
+
+/// How long CNI exits are gathered before the reconcile they trigger.
+pub const CNI_EXIT_COALESCE: Duration = Duration::from_millis(20);
+
+/// A requeue is never sooner than this after the reconcile that set it: a
+/// grace that "ran out" by a clock step must not make the loop spin.
+const MIN_REQUEUE: Duration = Duration::from_millis(100);
+
+/// Past the moment a grace runs out, so the next decide sees it passed.
+const REQUEUE_SLACK: Duration = Duration::from_millis(10);
+
+/// What started a reconcile (a log field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Startup,
+    /// The resync interval: a full look even when nothing was heard.
+    Interval,
+    /// A pending verdict's grace ran out.
+    Requeue,
+    /// CNI runs finished (coalesced).
+    CniExit,
+    /// CNI runs whose processes vanished without an exit record.
+    CniExitUnobserved,
+    NetnsDied,
+    RuntimeEvent,
+    /// A release batch ended while orphans waited for it.
+    ReleaseDone,
+    /// A failed release's back-off ran out.
+    ReleaseRetry,
+}
+
+impl Reason {
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Startup => "startup",
+            Self::Interval => "interval",
+            Self::Requeue => "requeue",
+            Self::CniExit => "cni_exit",
+            Self::CniExitUnobserved => "cni_exit_unobserved",
+            Self::NetnsDied => "netns_died",
+            Self::RuntimeEvent => "runtime_event",
+            Self::ReleaseDone => "release_done",
+            Self::ReleaseRetry => "release_retry",
+        }
+    }
+}
+
+/// The deadlines the event loop sleeps towards.
+#[derive(Debug, Default)]
+pub struct Triggers {
+    /// CNI exits are gathered until then.
+    coalesced_at: Option<Instant>,
+    /// The earliest moment a pending verdict may change by time alone.
+    requeue_at: Option<Instant>,
+    /// The last reconcile left a verdict that a run in flight holds.
+    waiting_on_runs: bool,
+    /// A netns died while CNI runs of its containers were in flight, and no
+    /// reconcile has run since with none in flight.
+    death_during_runs: bool,
+}
+
+impl Triggers {
+    /// CNI runs finished (`failed`: one of them did not succeed): reconcile
+    /// soon, with whatever else finishes meanwhile, when that can change a
+    /// verdict.
+    pub fn cni_exited(&mut self, failed: bool) {
+        if failed || self.waiting_on_runs || self.death_during_runs {
+            self.coalesced_at.get_or_insert_with(|| Instant::now() + CNI_EXIT_COALESCE);
+        }
+    }
+
+    /// Netns died; `runs_concerned`: a CNI run of a container bound to one
+    /// of them (or of an unknown container) was in flight.
+    pub fn netns_died(&mut self, runs_concerned: bool) {
+        self.death_during_runs |= runs_concerned;
+    }
+
+    /// A reconcile ran: it saw every exit ingested before it. `requeue` is
+    /// when its pending verdicts want another look; `waiting_on_runs`
+    /// whether a verdict waits on a run in flight; `runs_in_flight` whether
+    /// the ledger has any.
+    pub fn reconciled(&mut self, requeue: Option<SystemTime>, waiting_on_runs: bool, runs_in_flight: bool) {
+        self.coalesced_at = None;
+        self.waiting_on_runs = waiting_on_runs;
+        self.death_during_runs &= runs_in_flight;
+        self.requeue_at = requeue.map(|at| {
+            let wait = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO) + REQUEUE_SLACK;
+            Instant::now() + wait.max(MIN_REQUEUE)
+        });
+    }
+
+    #[must_use]
+    pub fn coalesced_at(&self) -> Option<Instant> {
+        self.coalesced_at
+    }
+
+    #[must_use]
+    pub fn requeue_at(&self) -> Option<Instant> {
+        self.requeue_at
+    }
+}
+
+/// Whether a CNI run in flight holds this verdict where it is (pending, or
+/// in use with a run in flight among its facts): its end may change it.
+#[must_use]
+pub fn waits_on_runs(v: &Verdict) -> bool {
+    v.status == Status::Pending || v.evidence.iter().any(|e| matches!(e.fact, Fact::CniOpInFlight { .. }))
+}
+
+/// When time alone may change this verdict: for a pending one, the moment
+/// its last grace runs out (`decided_at` is when it was decided). None when
+/// only an event can (a CNI run in flight ends with its exit record).
+#[must_use]
+pub fn recheck_at(v: &Verdict, decided_at: SystemTime, policy: &Policy) -> Option<SystemTime> {
+    if v.status != Status::Pending {
+        return None;
+    }
+    let left = |age: &Duration, grace: &Duration| decided_at + grace.saturating_sub(*age);
+    v.evidence
+        .iter()
+        .filter_map(|e| match &e.fact {
+            Fact::Young { age, grace } | Fact::AwaitingOrphanGrace { age, grace } => Some(left(age, grace)),
+            Fact::UnresolvedBinding { seen_at, .. } => Some(*seen_at + policy.orphan_grace),
+            _ => None,
+        })
+        .max()
+}
+
+/// The earliest [`recheck_at`] of a reconcile's verdicts, no later than
+/// `poll` when given (an optional witness without events may end a grace
+/// early: the runtime saying a sandbox is gone).
+#[must_use]
+pub fn next_recheck(
+    verdicts: &[Verdict],
+    decided_at: SystemTime,
+    policy: &Policy,
+    poll: Option<Duration>,
+) -> Option<SystemTime> {
+    let by_time = verdicts.iter().filter_map(|v| recheck_at(v, decided_at, policy)).min();
+    let pending = verdicts.iter().any(|v| v.status == Status::Pending);
+    let by_poll = poll.filter(|_| pending).map(|p| decided_at + p);
+    by_time.into_iter().chain(by_poll).min()
+}
+
+pub async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::{Reservation, StoreRef};
+
+    fn reservation() -> Reservation {
+        crate::ipam::ReservationData {
+            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
+            network: "n".into(),
+            ip: "10.0.0.2".parse().expect("an IP"),
+            container_id: "c".into(),
+            ifname: None,
+            created_at: SystemTime::UNIX_EPOCH,
+            path: "/d/n/10.0.0.2".into(),
+            inode: 1,
+        }
+        .into()
+    }
+
+    const POLICY: Policy = Policy { in_flight_grace: Duration::from_secs(30), orphan_grace: Duration::from_mins(10) };
+
+    #[test]
+    fn a_pending_verdict_is_looked_at_again_when_its_grace_runs_out() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let young = Fact::Young { age: Duration::from_secs(10), grace: Duration::from_secs(30) };
+        let v = Verdict::new(&reservation(), Status::Pending, vec![young]);
+        assert_eq!(recheck_at(&v, now, &POLICY), Some(now + Duration::from_secs(20)));
+        let waiting = Fact::AwaitingOrphanGrace { age: Duration::from_secs(100), grace: Duration::from_mins(10) };
+        let v2 = Verdict::new(&reservation(), Status::Pending, vec![waiting]);
+        assert_eq!(next_recheck(&[v.clone(), v2], now, &POLICY, None), Some(now + Duration::from_secs(20)));
+        assert_eq!(
+            next_recheck(std::slice::from_ref(&v), now, &POLICY, Some(Duration::from_secs(5))),
+            Some(now + Duration::from_secs(5))
+        );
+        let kept = Verdict::new(&reservation(), Status::InUse, vec![Fact::IpInNoLiveNetns]);
+        assert_eq!(next_recheck(&[kept], now, &POLICY, Some(Duration::from_secs(5))), None);
+    }
+
+    #[test]
+    fn a_requeue_never_spins() {
+        let mut t = Triggers::default();
+        t.reconciled(Some(SystemTime::UNIX_EPOCH), false, false);
+        let at = t.requeue_at().expect("a requeue");
+        assert!(at >= Instant::now() + MIN_REQUEUE - Duration::from_millis(5));
+        t.cni_exited(true);
+        assert!(t.coalesced_at().is_some());
+        t.reconciled(None, false, false);
+        assert_eq!((t.coalesced_at(), t.requeue_at()), (None, None));
+    }
+
+    #[test]
+    fn only_runs_that_can_change_a_verdict_ask_for_a_reconcile() {
+        let mut t = Triggers::default();
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_none(), "a healthy pod's ADD or DEL asks for nothing");
+        t.cni_exited(true);
+        assert!(t.coalesced_at().is_some(), "a failed run does");
+        // A verdict waits on a run: its end matters.
+        t.reconciled(None, true, true);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_some());
+        // A death while runs were in flight: what they wrote was not seen.
+        t.reconciled(None, false, true);
+        t.netns_died(true);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_some());
+        t.reconciled(None, false, true);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_some(), "until a reconcile runs with no run in flight");
+        t.reconciled(None, false, false);
+        t.cni_exited(false);
+        assert!(t.coalesced_at().is_none());
+    }
+}
