@@ -28,7 +28,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::outcome::Outcome;
+use super::outcome::{Outcome, ReleaseTimings};
 use crate::{
     engine::Verdict,
     ipam::{safefs::FlockGuard, timefmt},
@@ -81,6 +81,9 @@ pub struct OutcomeRecord {
     /// The fresh verdict, when the intent was re-verified after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverified: Option<Verdict>,
+    /// How long its parts took (batches; not needed for recovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<ReleaseTimings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,19 +273,35 @@ impl Journal {
 
     /// Records what became of each intent, with one fsync for all.
     pub fn record_outcomes(&mut self, outcomes: &[(&str, &Outcome)]) -> Result<(), JournalError> {
+        let untimed: Vec<(&str, &Outcome, Option<ReleaseTimings>)> =
+            outcomes.iter().map(|(id, outcome)| (*id, *outcome, None)).collect();
+        self.record_timed_outcomes(&untimed)
+    }
+
+    /// Like [`Journal::record_outcomes`], each with how long its parts took.
+    pub fn record_timed_outcomes(
+        &mut self,
+        outcomes: &[(&str, &Outcome, Option<ReleaseTimings>)],
+    ) -> Result<(), JournalError> {
         let at = SystemTime::now();
         let mut lines = Vec::new();
-        for (id, outcome) in outcomes {
+        for (id, outcome, timings) in outcomes {
             if !self.pending.iter().any(|i| i.id == *id) {
                 return Err(JournalError::UnknownIntent((*id).to_owned()));
             }
-            let record = OutcomeRecord { id: (*id).to_owned(), at, outcome: (*outcome).clone(), reverified: None };
+            let record = OutcomeRecord {
+                id: (*id).to_owned(),
+                at,
+                outcome: (*outcome).clone(),
+                reverified: None,
+                timings: *timings,
+            };
             lines.extend(serde_json::to_vec(&Record::Outcome(record))?);
             lines.push(b'\n');
         }
         // Settled before the write, so a rotation right after it does not
         // carry them; restored if the write fails.
-        let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, _)| *id).collect();
+        let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, ..)| *id).collect();
         let before = self.pending.clone();
         self.pending.retain(|i| !done.contains(i.id.as_str()));
         if let Err(e) = self.write_durably(&lines) {
@@ -320,6 +339,7 @@ impl Journal {
             at: SystemTime::now(),
             outcome: outcome.clone(),
             reverified: reverified.cloned(),
+            timings: None,
         };
         let line = Self::encode(&Record::Outcome(record))?;
         let intent = self.pending.remove(pos);
