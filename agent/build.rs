@@ -8,7 +8,9 @@ use xtask::{Workspace, ebpf};
 
 fn main() {
     println!("cargo:rerun-if-env-changed=NETREAP_EBPF_OBJECT");
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let Some(out) = env::var_os("OUT_DIR").map(PathBuf::from) else {
+        panic!("cargo sets OUT_DIR for build scripts");
+    };
     let object = if let Some(prebuilt) = env::var_os("NETREAP_EBPF_OBJECT") {
         PathBuf::from(prebuilt)
     } else {

@@ -222,7 +222,7 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
     let is_cni_run = data.flags & cni_flag::HAS_COMMAND != 0 && data.command[0] != 0;
     if !is_cni_run && data.flags & cni_flag::ENV_SCAN_LIMIT == 0 {
         // Not a CNI plugin run (any more, if this process exec'd again).
-        let _ = CNI_TASKS.remove(&tgid);
+        let _ = CNI_TASKS.remove(tgid);
         return Ok(0);
     }
 
@@ -242,7 +242,7 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
     }
 
     event.header = header(kind::CNI_EXEC, size_of::<Event<CniExecData>>());
-    let _ = CNI_TASKS.insert(&tgid, &1, 0);
+    let _ = CNI_TASKS.insert(tgid, 1, 0);
     output(event);
     Ok(0)
 }
@@ -256,7 +256,7 @@ extern "C" fn loop_step(_index: u64, ctx: *mut c_void) -> i64 {
     };
     // SAFETY: per-CPU map slots, exclusive to this program run on this CPU.
     let (data, chunk) = unsafe { (&mut (*event).data, &mut *chunk) };
-    if step(scan, data, chunk) { 0 } else { 1 }
+    i64::from(!step(scan, data, chunk))
 }
 
 /// tracepoint: sched/sched_process_exec (filename, pid, old_pid).
@@ -336,17 +336,17 @@ pub fn netreap_cni_exit(_ctx: TracePointContext) -> u32 {
 
 fn try_cni_exit() -> Result<u32, i64> {
     let pid_tgid = bpf_get_current_pid_tgid();
-    let (tid, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
+    let (thread_id, tgid) = (pid_tgid as u32, (pid_tgid >> 32) as u32);
     // The leader's exit_code is the group's exit status, whichever thread
     // called exit_group.
-    if tid != tgid {
+    if thread_id != tgid {
         return Ok(0);
     }
     // SAFETY: the value is not used, only its presence.
-    if unsafe { CNI_TASKS.get(&tgid) }.is_none() {
+    if unsafe { CNI_TASKS.get(tgid) }.is_none() {
         return Ok(0);
     }
-    let _ = CNI_TASKS.remove(&tgid);
+    let _ = CNI_TASKS.remove(tgid);
     let off = offsets();
     let exit_status: u32 = read(current_task(), off.task_exit_code)?;
     let event = Event {

@@ -51,7 +51,7 @@ fn remember_current(via: u32) -> Result<u32, i64> {
     }
     let prev_inum = task_netns_inum(current_task(), &off)?;
     let tid = bpf_get_current_pid_tgid() as u32;
-    PENDING_NS.insert(&tid, &Pending { prev_inum, via }, 0).map_err(i64::from)?;
+    PENDING_NS.insert(tid, Pending { prev_inum, via }, 0).map_err(i64::from)?;
     Ok(0)
 }
 
@@ -59,10 +59,10 @@ fn remember_current(via: u32) -> Result<u32, i64> {
 fn report_if_changed(ctx: &TracePointContext) -> Result<u32, i64> {
     let tid = bpf_get_current_pid_tgid() as u32;
     // SAFETY: the value is copied out before the entry is removed.
-    let Some(pending) = (unsafe { PENDING_NS.get(&tid) }).copied() else {
+    let Some(pending) = (unsafe { PENDING_NS.get(tid) }).copied() else {
         return Ok(0);
     };
-    let _ = PENDING_NS.remove(&tid);
+    let _ = PENDING_NS.remove(tid);
     // SAFETY: offset inside the tracepoint record.
     let ret: i64 = unsafe { ctx.read_at(SYSCALL_RET) }.map_err(i64::from)?;
     if ret != 0 {

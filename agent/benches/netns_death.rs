@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p netreap --bench netns_death` (root). Not a test: it
 //! prints a table and asserts nothing beyond every death being seen.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
 use std::{
     collections::HashMap,
@@ -14,8 +15,7 @@ use std::{
 
 use netreap::model::{ModelStats, Watcher, WatcherConfig};
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use netreap_testkit as support;
 
 use support::net::{ip, ip_batch, plain_nsid_listener};
 

@@ -15,11 +15,10 @@
 //!    scan + classification in this process, time and peak RSS.
 //! 4. burst: 1,000 namespaces with reservations deleted by one `ip -batch`:
 //!    time until every file is gone; lost records and resyncs.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::cast_precision_loss, reason = "counts and KiB shown as f64 are far below 2^52")]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use netreap_testkit as support;
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -558,6 +557,7 @@ fn line(out: &mut String, what: &str, goal: &str, measured: &str, ok: Option<boo
     let _ = writeln!(out, "| {what} | {goal} | {measured} | {verdict} |");
 }
 
+#[expect(clippy::too_many_lines, reason = "one row per measure, in the order printed")]
 fn table(items: &BTreeMap<String, Value>) -> String {
     let mut out = String::from("| measure | goal | measured | |\n|---|---|---|---|\n");
     if let Some(l) = items.get("latency") {

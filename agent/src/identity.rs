@@ -81,6 +81,7 @@ mod tests {
 
     use super::*;
 
+    #[expect(clippy::unnecessary_wraps, reason = "shaped as NetnsId's first_seen")]
     fn t(s: u64) -> Option<SystemTime> {
         Some(UNIX_EPOCH + Duration::from_secs(s))
     }

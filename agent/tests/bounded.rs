@@ -7,8 +7,9 @@
 //! (`containerID\r\nifname`) with an old mtime, for containers never seen:
 //! orphaned by the orphan grace, their IPs in no live netns. The lock is
 //! held by util-linux's `flock`, a real process, as a stuck plugin would.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     io::{Read as _, Write as _},

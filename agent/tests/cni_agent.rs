@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     process::{Command, Stdio},

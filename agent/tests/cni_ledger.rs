@@ -4,10 +4,10 @@
 //! that only claim to be CNI runs change nothing. Runs in the qemu guests
 //! (no latency bounds), with both environment scans where the kernel has
 //! bpf_loop.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     os::unix::{fs::MetadataExt as _, process::CommandExt as _},

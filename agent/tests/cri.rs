@@ -3,10 +3,10 @@
 //! bridge + host-local, and the real agent binary. Each test starts its own
 //! containerd (own root, state dir, socket) and uses its own subnet
 //! (10.252.4x.0/28).
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     process::Command,

@@ -13,8 +13,8 @@
 //! What differs from a cluster, and why:
 //! - kube-apiserver does not run here: `NODE_NAME` (a fieldRef) is this
 //!   host's name, and the ConfigMap is mounted as kubelet would project it.
-//! - hostPaths that hold state (`/var/lib/cni`, `/var/lib/netreap`) are
-//!   re-rooted under a temp dir so the test never touches this machine's
+//! - hostPaths that hold state (`/var/lib/cni`, `/var/lib/netreap`) and the
+//!   runtime socket directories are re-rooted under a temp dir so the test never touches this machine's
 //!   CNI state; the kernel's (`/proc`, `/sys/...`, `/run/netns`) are the
 //!   real ones.
 //! - podman here cannot raise rlimits (no CAP_SYS_RESOURCE) and crun does
@@ -22,8 +22,9 @@
 //!
 //! Needs the image: run through `cargo xtask daemonset-test` (which builds
 //! it with `cargo xtask image`), hence `#[ignore]` under a plain test run.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     collections::BTreeMap,
@@ -39,7 +40,9 @@ use serde_json::{Value, json};
 use support::{agent::wait_until, net::ip};
 
 /// hostPaths re-rooted under the test's temp dir (state, not kernel views).
-const REROOTED: &[&str] = &["/var/lib/cni", "/var/lib/netreap"];
+/// The runtime sockets' directories too: this machine's containerd (if one
+/// runs) is not the pod's runtime here.
+const REROOTED: &[&str] = &["/var/lib/cni", "/var/lib/netreap", "/run/containerd", "/var/run/crio"];
 const DEBIAN_PLUGINS: &str = "/usr/lib/cni";
 
 fn manifest(name: &str) -> Value {

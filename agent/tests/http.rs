@@ -3,8 +3,9 @@
 //! beyond loopback only when configured, and promtool accepts /metrics in
 //! both expositions. The server runs on its own `current_thread` runtime,
 //! like the agent's; clients are plain blocking sockets.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},

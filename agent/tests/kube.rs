@@ -1,6 +1,6 @@
 //! Kubernetes end-to-end (issue 12): the real agent binary, real network
 //! namespaces and kernel probes, and a STAND-IN API server
-//! (tests/support/apiserver.py): no kube-apiserver can be installed on these
+//! (testkit/apiserver.py): no kube-apiserver can be installed on these
 //! machines. The stand-in enforces the conventions netreap relies on
 //! (resourceVersion on every write, 422 on a failed JSON-patch `test`, 409
 //! on conflicts and failed preconditions, fieldSelector on pods, watch with
@@ -10,11 +10,11 @@
 //! whereabouts allocations are made by a stand-in whereabouts IPAM plugin
 //! run with CNI_* in its environment, so the probes record it like any CNI
 //! plugin run. Every netns and link here starts with `nrK`.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 #![allow(clippy::too_many_lines, reason = "each scenario reads top to bottom")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{ffi::OsString, time::Duration};
 

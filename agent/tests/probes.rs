@@ -1,8 +1,8 @@
 //! Real probes in this kernel: namespace creation and CNI plugin runs.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     os::unix::{fs::MetadataExt, fs::PermissionsExt, process::CommandExt as _},

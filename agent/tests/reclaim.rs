@@ -3,10 +3,10 @@
 //! the way a runtime does (ADD in order with prevResult, DEL in reverse).
 //! Each test has its own subnet: agents see every netns on the host, and an
 //! address shared across tests would be real evidence of a conflict.
-
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::time::Duration;
 
@@ -182,10 +182,10 @@ fn recreated_sandboxes_release_the_old_and_keep_the_live() {
     let mut previous = lab.pod();
     lab.add(&net, &previous).expect("first sandbox");
     for _ in 0..3 {
-        let next = lab.pod();
-        lab.add(&net, &next).expect("new sandbox");
+        let successor = lab.pod();
+        lab.add(&net, &successor).expect("new sandbox");
         previous.delete_netns();
-        let keep = next.container_id.clone();
+        let keep = successor.container_id.clone();
         assert!(
             wait_until(RELEASE_BOUND, || {
                 let r = lab.reservations("netc");
@@ -195,7 +195,7 @@ fn recreated_sandboxes_release_the_old_and_keep_the_live() {
             "old sandbox not released; log:\n{}",
             agent.log()
         );
-        previous = next;
+        previous = successor;
     }
     assert_eq!(lab.reservations("netc")[0].1, previous.container_id);
 }

@@ -29,7 +29,7 @@ use netreap::{
     release::{Journal, Outcome, Releaser, ReleaserConfig, release_reviewed, scan_report},
 };
 
-mod support;
+use netreap_testkit as support;
 
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";
 
@@ -272,7 +272,7 @@ fn releases_real_host_local_reservations_and_the_range_allocates_again() {
     for intent in lines.iter().filter(|l| l["record"] == "intent") {
         assert_eq!(intent["verdict"]["status"], "orphaned");
         assert!(intent["verdict"]["evidence"][0]["text"].as_str().unwrap().contains("died"));
-        let at = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(|l| pred(l)).unwrap();
+        let at = |pred: &dyn Fn(&serde_json::Value) -> bool| lines.iter().position(pred).unwrap();
         let i = at(&|l| l["record"] == "intent" && l["id"] == intent["id"]);
         let o = at(&|l| l["record"] == "outcome" && l["id"] == intent["id"]);
         assert!(i < o, "intent before its outcome");

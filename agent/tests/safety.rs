@@ -8,7 +8,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests panic with context")]
 
-mod support;
+use netreap_testkit as support;
 
 use std::{
     process::{Child, Command, Stdio},
@@ -68,6 +68,17 @@ fn saved_nsids(lab: &Lab, containers: &[&str]) -> Vec<i32> {
 /// past the orphan grace.
 #[test]
 fn a_live_netns_netreap_cannot_open_keeps_its_ip() {
+    struct Hidden(Child, String, String);
+    impl Drop for Hidden {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = Command::new("ip").args(["link", "del", &self.1]).status();
+            // The mount point `ip netns add` made on the shared /run stays
+            // behind an unmounted, empty file: remove it.
+            let _ = std::fs::remove_file(format!("/run/netns/{}", self.2));
+        }
+    }
     if !possible() {
         return;
     }
@@ -85,17 +96,6 @@ fn a_live_netns_netreap_cannot_open_keeps_its_ip() {
          touch {ready}; exec sleep 600",
         ready = ready.display()
     );
-    struct Hidden(Child, String, String);
-    impl Drop for Hidden {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-            let _ = Command::new("ip").args(["link", "del", &self.1]).status();
-            // The mount point `ip netns add` made on the shared /run stays
-            // behind an unmounted, empty file: remove it.
-            let _ = std::fs::remove_file(format!("/run/netns/{}", self.2));
-        }
-    }
     let child = Command::new("unshare")
         .args(["--mount", "--propagation", "private", "sh", "-c", &script])
         .stdout(Stdio::null())

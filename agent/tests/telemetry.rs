@@ -1,6 +1,7 @@
 //! The HTTP endpoints for real, over loopback TCP: /metrics is scraped and
 //! parsed as a Prometheus client would, /readyz flips, /state serves the
 //! provider's JSON, and hostile requests do not take the server down.
+#![expect(clippy::expect_used, reason = "test helpers panic with context on a broken set-up")]
 
 use std::{
     collections::{BTreeMap, HashMap},

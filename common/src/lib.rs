@@ -1,6 +1,7 @@
 //! Kernel/user shared layouts. Every type is `#[repr(C)]` with explicit
 //! padding fields, no bool/enum/Option fields, so both sides agree byte for byte.
 #![no_std]
+#![expect(clippy::pub_underscore_fields, reason = "`_pad` names explicit ABI padding, written as 0 by both sides")]
 
 /// Event kinds on the ring buffer. Ids are stable: never renumber.
 pub mod kind {

@@ -9,7 +9,7 @@ use crate::{
 
 /// The eBPF package and its binary (one object holding every program).
 pub const EBPF_PACKAGE: &str = "netreap-ebpf";
-const BPF_TARGET: &str = "bpfel-unknown-none";
+pub const BPF_TARGET: &str = "bpfel-unknown-none";
 
 /// Builds the eBPF object (installing missing tools first) and returns its path.
 pub fn build(ws: &Workspace) -> Result<PathBuf, BuildError> {

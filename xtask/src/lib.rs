@@ -6,6 +6,7 @@
 
 pub mod ebpf;
 pub mod image;
+pub mod lint;
 pub mod system;
 pub mod testrun;
 pub mod toolchain;

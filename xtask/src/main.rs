@@ -10,6 +10,8 @@ usage: cargo xtask <command>
 commands:
   build-ebpf      build the eBPF object (installs rust-src and bpf-linker when missing)
   install-tools   only install rust-src for nightly and build bpf-linker into target/tools
+  lint            cargo fmt --check, clippy -D warnings on host targets, and clippy on the eBPF
+                  crate for its BPF target (nightly): what CI enforces
   test            install what the tests need (apt packages, eBPF toolchain), then run
                   every test of the workspace (as root: kernel tests load real probes)
   bench           run the benchmarks as root (netns_death, reclaim) and print their tables:
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
             println!("{}", linker.display());
             Ok(())
         }),
+        Some("lint") => xtask::lint::lint(&ws),
         Some("test") => test(&ws, &args[1..]),
         Some("bench") => bench(&ws, &args[1..]),
         Some("vm-test") => return xtask::vm::main(&ws, &args[1..]),

@@ -1,7 +1,7 @@
 //! Runs `cargo test`, passing its output through, and closes with one plain
 //! summary line over every test binary: `N passed, N failed, N skipped`.
 //! A test that returned early because the machine lacks something prints
-//! the skip marker (`agent/tests/support`): it counts as skipped, not passed.
+//! the skip marker (`testkit/src/lib.rs`): it counts as skipped, not passed.
 
 use std::{
     io::{BufRead as _, BufReader},

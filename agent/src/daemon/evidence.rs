@@ -152,7 +152,7 @@ pub fn observations(
         match (view.alive, view.died_at) {
             (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
             (false, Some(died_at)) => {
-                obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths })
+                obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths });
             }
             // Dead without a time cannot anchor a release: leave it out.
             (false, None) => {}

@@ -76,7 +76,10 @@ impl RuntimeSource {
                     info!(source = SOURCE, "no container runtime: {detail}; deciding on kernel evidence alone");
                 }
                 Err(_) => {
-                    warn!(source = SOURCE, "container runtime unavailable: {detail}; deciding on kernel evidence alone")
+                    warn!(
+                        source = SOURCE,
+                        "container runtime unavailable: {detail}; deciding on kernel evidence alone"
+                    );
                 }
             }
             events.emit(

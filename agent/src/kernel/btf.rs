@@ -61,7 +61,7 @@ struct Type {
     name_off: u32,
     kind: u32,
     /// Target type of modifiers and typedefs.
-    type_ref: u32,
+    refers_to: u32,
     members: Vec<Member>,
 }
 
@@ -114,7 +114,7 @@ impl Btf {
         let type_sec = section(type_off, type_len, "type")?;
         let strings = section(str_off, str_len, "string")?.to_vec();
 
-        let mut types = vec![Type { name_off: 0, kind: 0, type_ref: 0, members: Vec::new() }];
+        let mut types = vec![Type { name_off: 0, kind: 0, refers_to: 0, members: Vec::new() }];
         let mut at = 0usize;
         while at < type_sec.len() {
             let name_off = u32_at(type_sec, at)?;
@@ -151,7 +151,7 @@ impl Btf {
                 _ => 0,
             };
             at += extra;
-            types.push(Type { name_off, kind, type_ref: size_or_type, members });
+            types.push(Type { name_off, kind, refers_to: size_or_type, members });
         }
         if at != type_sec.len() {
             return Err(BtfError::Malformed("type section ends inside a type".into()));
@@ -172,7 +172,7 @@ impl Btf {
                 Some(t)
                     if matches!(t.kind, KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG) =>
                 {
-                    id = t.type_ref;
+                    id = t.refers_to;
                 }
                 _ => break,
             }

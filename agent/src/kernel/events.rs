@@ -321,15 +321,15 @@ mod tests {
     fn decodes_a_netns_record() {
         let ev = Event {
             header: header(kind::NETNS_ENTERED, size_of::<Event<NetnsData>>()),
-            data: NetnsData { netns_inum: 4026532000, prev_inum: 4026531840, via: via::UNSHARE, _pad: 0 },
+            data: NetnsData { netns_inum: 4_026_532_000, prev_inum: 4_026_531_840, via: via::UNSHARE, _pad: 0 },
         };
         let decoded = decode(&bytes_of(&ev)).expect("valid record");
         assert_eq!(
             decoded,
             KernelEvent::NetnsEntered {
                 task: Task { ktime_ns: 42, pid: 7, tgid: 7, comm: "bridge".into(), cgroup_id: 9 },
-                netns_inode: 4026532000,
-                previous_netns_inode: 4026531840,
+                netns_inode: 4_026_532_000,
+                previous_netns_inode: 4_026_531_840,
                 via: NetnsVia::Unshare,
             }
         );

@@ -320,7 +320,6 @@ fn current(pool: &IpPool, loc: &Location, r: &Reservation) -> Current {
 /// The last look and the patch are not under one lock as with host-local;
 /// the patch's resourceVersion test stands in for it: whereabouts hands an
 /// IP out only by writing the pool, which would fail the test.
-#[expect(clippy::too_many_lines, reason = "one re-read, decide, look, patch loop, read top to bottom")]
 pub async fn release(
     client: &Client,
     r: &Reservation,

@@ -175,7 +175,7 @@ fn nsfs_inode(path: &str) -> Option<u64> {
         // SAFETY: a NUL-terminated path and a zeroed out-struct.
         let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        if unsafe { libc::statfs(c_path.as_ptr(), &raw mut fs) } != 0 || i64::from(fs.f_type) != NSFS_MAGIC {
+        if unsafe { libc::statfs(c_path.as_ptr(), &raw mut fs) } != 0 || fs.f_type != NSFS_MAGIC {
             return None;
         }
         std::fs::metadata(path).ok().map(|m| m.ino())

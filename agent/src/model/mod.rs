@@ -2,7 +2,9 @@
 //! routes and its death, built from rtnetlink (`netlink`), discovery
 //! (`discovery`) and the probes (`kernel`).
 //!
-//! - [`state`]: the model as a pure state machine (messages in, actions out).
+//! - [`state`]: the model as a pure state machine (messages in, actions out):
+//!   a router over its parts (the netns registry, the nsid requests, the
+//!   dump queue, the resync, the view), one file each.
 //! - [`watcher`]: runs it on the caller's tokio runtime; [`Watcher`] is the
 //!   handle, the death receiver gets a [`NetnsDeath`] per death.
 //! - [`snapshot`]: what it shows ([`ModelSnapshot`]), serializable; the
@@ -16,7 +18,7 @@ mod worker;
 
 pub use snapshot::{
     AddrScope, AddressView, Corrections, Creator, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot,
-    ModelStats, NetnsDeath, NetnsInode, NetnsRef, NetnsView,
+    ModelStats, NetnsDeath, NetnsInode, NetnsView, PeerNetns,
 };
 pub use state::{Model, ModelConfig};
 pub use watcher::{ModelHandle, Watcher, WatcherConfig, WatcherError};

@@ -103,9 +103,11 @@ impl AddressView {
     }
 }
 
-/// Which netns something lives in.
+/// The netns at the other end of a link (a veth peer's, a lower device's),
+/// as the model knows it: enough to find its [`NetnsView`] in the same
+/// snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-pub struct NetnsRef {
+pub struct PeerNetns {
     pub inode: Option<NetnsInode>,
     pub nsid: Option<i32>,
     /// The agent's own netns (the host's, with hostNetwork).
@@ -118,7 +120,7 @@ pub struct LinkRef {
     pub ifindex: u32,
     pub ifname: Option<String>,
     /// `None` while the model has not yet resolved where it lives.
-    pub netns: Option<NetnsRef>,
+    pub netns: Option<PeerNetns>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -173,9 +175,10 @@ impl NetnsView {
         crate::identity::NetnsId::new(self.inode.map(u64::from), self.nsid, Some(self.first_seen))
     }
 
+    /// This netns as the other end of a link names it.
     #[must_use]
-    pub fn netns_ref(&self) -> NetnsRef {
-        NetnsRef { inode: self.inode, nsid: self.nsid, host: self.host }
+    pub fn as_peer(&self) -> PeerNetns {
+        PeerNetns { inode: self.inode, nsid: self.nsid, host: self.host }
     }
 }
 
@@ -189,7 +192,7 @@ pub struct HostRouteView {
     pub table: u32,
     pub protocol: u8,
     /// The netns behind `oif` (its veth peer's), when known.
-    pub netns: Option<NetnsRef>,
+    pub netns: Option<PeerNetns>,
 }
 
 /// Drift a resync found and corrected.

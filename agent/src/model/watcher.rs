@@ -138,7 +138,7 @@ impl Watcher {
             })
             .ok();
 
-        let mut model = Model::new(config.model.clone(), host_inode, SystemTime::now());
+        let mut model = Model::new(config.model, host_inode, SystemTime::now());
         let own_fd = discovery::open_netns(own, host_inode)?;
         model.query_host_nsid(own_fd.as_raw_fd(), SystemTime::now());
         model.start_resync(false);

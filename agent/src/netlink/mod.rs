@@ -1,6 +1,8 @@
 //! rtnetlink, the first channel of evidence: one socket in the agent's
 //! netns that hears links, addresses, routes and nsids of every netns that
-//! has an nsid here (`socket`), and the messages it carries (`wire`).
+//! has an nsid here (`socket`, netlink-sys read with recvmsg), the messages
+//! it carries (`wire`, parsed and built with netlink-packet-route), and
+//! direct questions to the kernel (`query`).
 
 pub mod query;
 pub mod socket;

@@ -7,6 +7,23 @@
 //!
 //! Blocking: call from a blocking context. The kernel answers a dump within
 //! the sendmsg/recvmsg pair, so no read waits on anything but the kernel.
+//!
+//! Requests are netlink-packet-route messages (`wire`) on a blocking
+//! netlink-sys socket, not `rtnetlink` requests, for three reasons:
+//! - its `Handle` needs its `Connection` polled on a runtime, and the
+//!   callers are synchronous: the ledger's resolver (under a file lock, on
+//!   tokio's blocking pool) and the last look before a release. Driving it
+//!   from there takes a second runtime or a `block_on` that panics inside
+//!   the agent's own.
+//! - a dump the kernel refuses (an nsid that no longer names a netns) ends
+//!   with an NLMSG_DONE carrying -EINVAL, and its connection drops DONE
+//!   unless told otherwise: the refusal would read as an empty dump, i.e.
+//!   "this netns holds no address", the one answer the last look must
+//!   never invent.
+//! - its nsid requests name a /run/netns mount, not an fd (`NETNSA_FD`):
+//!   netreap's netns are opened from /proc or bind mounts anywhere, so the
+//!   assignment would be a message built here and sent through its generic
+//!   `request` anyway.
 
 use std::net::IpAddr;
 
@@ -168,5 +185,108 @@ impl Querier {
             End::Done => Some(ips),
             End::Refused(_) => None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{os::fd::AsRawFd as _, path::PathBuf, process::Command};
+
+    use super::*;
+
+    /// A named netns for one test (prefix `nrN`), removed on drop, so also
+    /// when the test fails.
+    struct TestNetns(String);
+
+    impl TestNetns {
+        fn new(tag: &str) -> Self {
+            // SAFETY: geteuid has no preconditions.
+            let root = unsafe { libc::geteuid() } == 0;
+            assert!(root, "this test creates a netns and assigns it an nsid: run it as root");
+            let name = format!("nrN{}{tag}", std::process::id());
+            let status = Command::new("ip").args(["netns", "add", &name]).status().expect("runs ip (iproute2)");
+            assert!(status.success(), "ip netns add {name}: {status}");
+            Self(name)
+        }
+
+        fn path(&self) -> PathBuf {
+            PathBuf::from("/run/netns").join(&self.0)
+        }
+
+        fn ip(&self, args: &[&str]) {
+            let status = Command::new("ip").args(["-n", &self.0]).args(args).status().expect("runs ip");
+            assert!(status.success(), "ip -n {} {args:?}: {status}", self.0);
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+
+    /// The requests built with netlink-packet-route against the kernel:
+    /// RTM_NEWNSID by fd assigns, RTM_GETNSID by fd answers, a dump aimed at
+    /// that nsid lists the netns's address, and a dump aimed at an nsid that
+    /// names nothing is refused (not answered as an empty dump).
+    #[test]
+    fn nsids_by_fd_and_dumps_by_target_nsid() {
+        let ns = TestNetns::new("q");
+        ns.ip(&["addr", "add", "10.213.7.1/32", "dev", "lo"]);
+        let fd = std::fs::File::open(ns.path()).expect("opens the netns");
+        let mut q = Querier::open().expect("a NETLINK_ROUTE socket");
+        let nsid = q.nsid_of(fd.as_raw_fd(), true).expect("asks").expect("an nsid after assignment");
+        // Assigning again is refused with EEXIST, silently: same answer.
+        assert_eq!(q.nsid_of(fd.as_raw_fd(), true).expect("asks"), Some(nsid));
+        assert!(q.nsids().expect("dump").contains(&nsid));
+        assert_eq!(q.nsid_exists(nsid, Some(nsid)).expect("asks"), Some(true));
+        let ips = q.addresses(Some(nsid)).expect("dump").expect("not refused");
+        assert_eq!(ips, vec![IpAddr::from([10, 213, 7, 1])]);
+        // The kernel assigns the lowest free nsid: this one names nothing.
+        let unused = i32::MAX - 7;
+        assert_eq!(q.nsid_exists(unused, Some(nsid)).expect("asks"), Some(false));
+        assert_eq!(q.addresses(Some(unused)).expect("dump"), None);
+        // The refusal is the dump's NLMSG_DONE carrying -EINVAL (the reason
+        // this is not an rtnetlink connection, which drops DONE).
+        q.seq += 1;
+        q.socket.send(&wire::dump_addresses(q.seq, Some(unused))).expect("sent");
+        let d = q.socket.recv(&mut q.buf).expect("receives").expect("blocking socket");
+        let (header, payload) = wire::messages(&q.buf[..d.len]).next().expect("a message").expect("frames");
+        assert_eq!(wire::decode(&header, payload), Ok(Message::Done { error: -libc::EINVAL }));
+    }
+
+    /// Every message of this kernel's own dumps (links, addresses, routes,
+    /// nsids) decodes: the crate's parsers agree with the running kernel on
+    /// every attribute the model reads. Needs no privilege.
+    #[test]
+    fn the_running_kernels_dumps_decode() {
+        let mut q = Querier::open().expect("a NETLINK_ROUTE socket");
+        let builders: [fn(u32) -> Vec<u8>; 4] =
+            [|s| wire::dump_links(s, None), |s| wire::dump_addresses(s, None), wire::dump_routes, wire::dump_nsids];
+        let mut links = Vec::new();
+        for build in builders {
+            q.seq += 1;
+            let seq = q.seq;
+            q.socket.send(&build(seq)).expect("request sent");
+            'dump: loop {
+                let d = q.socket.recv(&mut q.buf).expect("receives").expect("blocking socket");
+                for item in wire::messages(&q.buf[..d.len]) {
+                    let (header, payload) = item.expect("frames");
+                    match wire::decode(&header, payload) {
+                        Ok(Message::Done { error }) => {
+                            assert_eq!(error, 0, "dump {} refused", header.kind);
+                            break 'dump;
+                        }
+                        Ok(Message::NewLink(l)) => links.push(l),
+                        Ok(Message::Error { errno, .. }) => panic!("request refused: errno {errno}"),
+                        Ok(_) => {}
+                        Err(e) => panic!("kernel message {} does not decode: {e}", header.kind),
+                    }
+                }
+            }
+        }
+        assert!(links.iter().any(|l| l.name.as_deref() == Some("lo")), "no lo among {links:?}");
+        let own = q.addresses(None).expect("dump").expect("not refused");
+        assert!(own.contains(&IpAddr::from([127, 0, 0, 1])), "no 127.0.0.1 among {own:?}");
     }
 }

@@ -2,15 +2,18 @@
 //! netns with an nsid (`NETLINK_LISTEN_ALL_NSID`) and carries our requests.
 //! Requests and notifications share it on purpose: the kernel queues replies
 //! and notifications in one order, so a reply can never overtake the death
-//! of the netns it describes.
+//! of the netns it describes. That, and the per-datagram nsid, is why this
+//! is a netlink-sys socket read with `recvmsg` and not an `rtnetlink`
+//! connection: that one reads with `recvfrom` (no control messages) and
+//! hands replies and notifications to two different channels.
 
 use std::{
     io,
     mem::{size_of, zeroed},
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
 };
 
-use super::wire::consts::{NETLINK_ADD_MEMBERSHIP, NETLINK_GET_STRICT_CHK, NETLINK_LISTEN_ALL_NSID, SOL_NETLINK};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SocketError {
@@ -51,16 +54,37 @@ pub struct Datagram {
     pub origin_nsid: Option<i32>,
 }
 
+/// A netlink-sys socket; received with our own `recvmsg`, because
+/// netlink-sys (and every connection built on it) reads with `recvfrom`
+/// and so never sees the `NETLINK_LISTEN_ALL_NSID` control message that
+/// says which netns a datagram comes from.
 #[derive(Debug)]
 pub struct RtnlSocket {
-    fd: OwnedFd,
+    socket: Socket,
 }
 
-fn setsockopt_int(fd: RawFd, level: i32, option: i32, name: &'static str, value: i32) -> Result<(), SocketError> {
+/// `SO_RCVBUFFORCE` (CAP_NET_ADMIN may exceed `rmem_max`), which
+/// netlink-sys does not offer, falling back to its capped `SO_RCVBUF`.
+fn force_receive_buffer(socket: &Socket, bytes: usize) -> Result<(), SocketError> {
+    let value = i32::try_from(bytes).unwrap_or(i32::MAX);
     // SAFETY: a valid socket fd and a pointer to an int of the stated size.
-    let rc =
-        unsafe { libc::setsockopt(fd, level, option, (&raw const value).cast(), size_of::<i32>() as libc::socklen_t) };
-    if rc < 0 { Err(SocketError::Option { option: name, source: io::Error::last_os_error() }) } else { Ok(()) }
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&raw const value).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok(());
+    }
+    socket.set_rx_buf_sz(value).map_err(|source| SocketError::Option { option: "SO_RCVBUF", source })
+}
+
+fn option(option: &'static str) -> impl FnOnce(io::Error) -> SocketError {
+    move |source| SocketError::Option { option, source }
 }
 
 /// Largest receive buffer an overrun may grow the socket to.
@@ -69,22 +93,7 @@ pub const MAX_RECEIVE_BUFFER: usize = 64 << 20;
 impl RtnlSocket {
     /// The kernel's receive buffer size (what it counts, i.e. doubled).
     pub fn receive_buffer(&self) -> Result<usize, SocketError> {
-        let mut value: i32 = 0;
-        let mut len = size_of::<i32>() as libc::socklen_t;
-        // SAFETY: a valid socket fd and an int-sized out buffer.
-        let rc = unsafe {
-            libc::getsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&raw mut value).cast(),
-                &raw mut len,
-            )
-        };
-        if rc < 0 {
-            return Err(SocketError::Option { option: "SO_RCVBUF", source: io::Error::last_os_error() });
-        }
-        Ok(usize::try_from(value).unwrap_or(0))
+        self.socket.get_rx_buf_sz().map_err(option("SO_RCVBUF"))
     }
 
     /// Doubles the receive buffer, up to [`MAX_RECEIVE_BUFFER`]: after an
@@ -96,78 +105,39 @@ impl RtnlSocket {
         if wanted <= current {
             return Ok(current);
         }
-        let value = i32::try_from(wanted).unwrap_or(i32::MAX);
-        let raw = self.fd.as_raw_fd();
-        if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, "SO_RCVBUFFORCE", value).is_err() {
-            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF", value)?;
-        }
+        force_receive_buffer(&self.socket, wanted)?;
         self.receive_buffer()
     }
 
     pub fn open(options: &SocketOptions) -> Result<Self, SocketError> {
-        let mut ty = libc::SOCK_RAW | libc::SOCK_CLOEXEC;
+        let mut socket = Socket::new(NETLINK_ROUTE).map_err(SocketError::Open)?;
         if options.nonblocking {
-            ty |= libc::SOCK_NONBLOCK;
+            socket.set_non_blocking(true).map_err(option("O_NONBLOCK"))?;
         }
-        // SAFETY: plain socket(2).
-        let raw = unsafe { libc::socket(libc::AF_NETLINK, ty, libc::NETLINK_ROUTE) };
-        if raw < 0 {
-            return Err(SocketError::Open(io::Error::last_os_error()));
-        }
-        // SAFETY: socket(2) just returned this fd and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let sock = Self { fd };
-        let raw = sock.fd.as_raw_fd();
-        let buf = i32::try_from(options.receive_buffer).unwrap_or(i32::MAX);
-        // SO_RCVBUFFORCE needs CAP_NET_ADMIN; fall back to the capped one.
-        if setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, "SO_RCVBUFFORCE", buf).is_err() {
-            setsockopt_int(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF", buf)?;
-        }
+        force_receive_buffer(&socket, options.receive_buffer)?;
         // Strict checking is what makes the kernel honour IFA_TARGET_NETNSID.
-        setsockopt_int(raw, SOL_NETLINK, NETLINK_GET_STRICT_CHK, "NETLINK_GET_STRICT_CHK", 1)?;
+        socket.set_netlink_get_strict_chk(true).map_err(option("NETLINK_GET_STRICT_CHK"))?;
         if options.listen_all_nsid {
-            setsockopt_int(raw, SOL_NETLINK, NETLINK_LISTEN_ALL_NSID, "NETLINK_LISTEN_ALL_NSID", 1)?;
+            socket.set_listen_all_namespaces(true).map_err(option("NETLINK_LISTEN_ALL_NSID"))?;
         }
-        // SAFETY: zeroed sockaddr_nl is valid; port 0 lets the kernel pick.
-        let mut addr: libc::sockaddr_nl = unsafe { zeroed() };
-        addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: valid fd and address of the stated size.
-        let rc =
-            unsafe { libc::bind(raw, (&raw const addr).cast(), size_of::<libc::sockaddr_nl>() as libc::socklen_t) };
-        if rc < 0 {
-            return Err(SocketError::Bind(io::Error::last_os_error()));
-        }
+        // Port 0 lets the kernel pick.
+        socket.bind(&SocketAddr::new(0, 0)).map_err(SocketError::Bind)?;
         // Subscribing after bind and before the first dump: nothing falls
         // between the dump and the notifications.
         for &group in &options.groups {
-            setsockopt_int(raw, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, "NETLINK_ADD_MEMBERSHIP", group as i32)?;
+            socket.add_membership(group).map_err(option("NETLINK_ADD_MEMBERSHIP"))?;
         }
-        Ok(sock)
+        Ok(Self { socket })
     }
 
     /// Sends one request to the kernel.
     pub fn send(&self, request: &[u8]) -> Result<(), SocketError> {
-        // SAFETY: zeroed sockaddr_nl addresses the kernel (port 0).
-        let mut kernel: libc::sockaddr_nl = unsafe { zeroed() };
-        kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+        let kernel = SocketAddr::new(0, 0);
         loop {
-            // SAFETY: valid fd, buffer and address.
-            let n = unsafe {
-                libc::sendto(
-                    self.fd.as_raw_fd(),
-                    request.as_ptr().cast(),
-                    request.len(),
-                    0,
-                    (&raw const kernel).cast(),
-                    size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-                )
-            };
-            if n >= 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(SocketError::Send(e));
+            match self.socket.send_to(request, &kernel, 0) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(SocketError::Send(e)),
             }
         }
     }
@@ -187,7 +157,7 @@ impl RtnlSocket {
         msg.msg_controllen = size_of::<[u64; 8]>();
         let n = loop {
             // SAFETY: msg points at live buffers of the stated sizes.
-            let n = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &raw mut msg, 0) };
+            let n = unsafe { libc::recvmsg(self.socket.as_raw_fd(), &raw mut msg, 0) };
             if n >= 0 {
                 break n as usize;
             }
@@ -213,7 +183,7 @@ impl RtnlSocket {
             while !cmsg.is_null() {
                 let c = &*cmsg;
                 let data_len = c.cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                if c.cmsg_level == SOL_NETLINK && c.cmsg_type == NETLINK_LISTEN_ALL_NSID && data_len >= 4 {
+                if c.cmsg_level == libc::SOL_NETLINK && c.cmsg_type == libc::NETLINK_LISTEN_ALL_NSID && data_len >= 4 {
                     origin_nsid = Some(std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>()));
                 }
                 cmsg = libc::CMSG_NXTHDR(&raw const msg, cmsg);
@@ -225,12 +195,12 @@ impl RtnlSocket {
 
 impl AsRawFd for RtnlSocket {
     fn as_raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.socket.as_raw_fd()
     }
 }
 
 impl AsFd for RtnlSocket {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+        self.socket.as_fd()
     }
 }

@@ -124,8 +124,8 @@ pub(crate) fn release_group(
     let _guard = if dry_run {
         None
     } else {
-        let lock = match dir.open_lock(LOCK_FILE) {
-            Ok(lock) => lock,
+        let lock_file = match dir.open_lock(LOCK_FILE) {
+            Ok(file) => file,
             Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
                 let detail = "the lock file is a symlink".to_owned();
                 return all(Outcome::Anomalous { kind: AnomalyKind::Symlink, detail });
@@ -134,7 +134,7 @@ pub(crate) fn release_group(
                 return all(Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", network_dir.display()) });
             }
         };
-        match FlockGuard::lock_exclusive_timeout(lock, lock_timeout) {
+        match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
             Ok(Ok(guard)) => Some(guard),
             Ok(Err(busy_lock)) => {
                 return all(Outcome::LockBusy {

@@ -44,10 +44,14 @@ pub fn run(plan: &Plan) -> Report {
     let mut report = Report { release: kernel_release(), ..Report::default() };
     println!("{}{}", report::KERNEL, report.release);
     let mut probes: Vec<ProbeRow> = Vec::new();
+    // The agent the test binaries run (netreap-testkit reads it from
+    // CARGO_BIN_EXE_netreap, which cargo sets on the host).
+    let mut agent: Option<&Path> = None;
     for step in &plan.steps {
         let outcome = match step {
             Step::Preconditions => preconditions(),
             Step::Probes { netreap } => {
+                agent = Some(netreap);
                 let (outcome, lines) = probes_report(netreap);
                 for l in &lines {
                     println!("{}{l}", report::PROBE);
@@ -57,7 +61,9 @@ pub fn run(plan: &Plan) -> Report {
                 outcome
             }
             Step::Events { netreap } => events(netreap, &probes),
-            Step::Test { label, binary, args, must_pass, skips } => test_binary(label, binary, args, must_pass, skips),
+            Step::Test { label, binary, args, must_pass, skips } => {
+                test_binary(label, binary, args, must_pass, skips, agent)
+            }
             Step::Skip { label, reason } => StepOutcome::skip(label, reason),
         };
         println!("{}", outcome.line());
@@ -138,9 +144,13 @@ fn test_binary(
     args: &[String],
     must_pass: &[String],
     skips: &[(String, String)],
+    agent: Option<&Path>,
 ) -> StepOutcome {
     let mut cmd = Command::new(binary);
     cmd.args(args).env("RUST_BACKTRACE", "1");
+    if let Some(agent) = agent {
+        cmd.env("CARGO_BIN_EXE_netreap", agent);
+    }
     for (name, why) in skips {
         println!("{}{label}: skipping {name}: {why}", report::NOTE);
         cmd.args(["--skip", name]);

@@ -1,11 +1,15 @@
 //! Unit tests of the model state machine, with fabricated kernel messages.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    net::IpAddr,
+    time::{Duration, SystemTime},
+};
 
 use super::*;
 use crate::{
     kernel::events::Task,
-    netlink::wire::{Address, Link, Route, consts::*, fake},
+    model::snapshot::NetnsView,
+    netlink::wire::{self, Address, Link, Route, consts::*, fake},
 };
 
 const HOST: NetnsInode = 1;

@@ -38,7 +38,7 @@ pub struct ApiServer {
 impl ApiServer {
     /// Starts it and writes a kubeconfig for it into `dir`.
     pub fn start(dir: &Path) -> Self {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/apiserver.py");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("apiserver.py");
         let port_file = dir.join(format!("apiserver-{}.port", unique(PREFIX)));
         let child = Command::new("python3")
             .arg(&script)
@@ -293,6 +293,7 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    #[expect(clippy::new_without_default, reason = "new() makes a netns: not a default value")]
     pub fn new() -> Self {
         let name = unique(PREFIX);
         ip(&["netns", "add", &name]);

@@ -1,5 +1,9 @@
-//! Helpers shared by the kernel-facing integration tests.
-#![allow(dead_code, reason = "each test binary uses a subset")]
+//! Test support shared by netreap's integration tests and benchmarks: a
+//! dev-only crate, so each test binary links what it uses and nothing is
+//! compiled twice or marked dead.
+#![expect(clippy::expect_used, reason = "test support: a broken set-up panics with its context")]
+#![expect(clippy::missing_panics_doc, reason = "every helper panics on a broken set-up; that is how tests fail")]
+#![expect(clippy::must_use_candidate, reason = "helpers are called for their effect on the lab as often as for values")]
 
 pub mod agent;
 pub mod containerd;
@@ -21,9 +25,7 @@ pub const SKIP_MARKER: &str = "netreap-test-skip:";
 /// installed, so a test that would skip there hides a broken set-up.
 /// Elsewhere it prints the marker and returns false (the caller returns).
 pub fn skip(reason: &str) -> bool {
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        panic!("this test must run under CI, but: {reason}");
-    }
+    assert!(!std::env::var("CI").is_ok_and(|v| v == "true" || v == "1"), "this test must run under CI, but: {reason}");
     eprintln!("{SKIP_MARKER} {reason}");
     false
 }
@@ -97,10 +99,10 @@ impl Watch {
                 seen.push(event);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            let batch = match tokio::time::timeout(left, self.stream.next_batch()).await {
-                Ok(batch) => batch.expect("ring buffer readable"),
-                Err(_) => panic!("timed out waiting for {what}; saw {} events: {seen:#?}", seen.len()),
+            let Ok(batch) = tokio::time::timeout(left, self.stream.next_batch()).await else {
+                panic!("timed out waiting for {what}; saw {} events: {seen:#?}", seen.len());
             };
+            let batch = batch.expect("ring buffer readable");
             self.pending.extend(batch.into_iter().map(|r| r.expect("kernel records decode")));
         }
     }

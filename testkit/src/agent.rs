@@ -19,6 +19,17 @@ pub struct Agent {
     pub stderr: PathBuf,
 }
 
+/// The agent executable under test. Cargo sets `CARGO_BIN_EXE_netreap` for
+/// tests and benches at run time too; `cargo xtask vm-test` sets it in the
+/// guests.
+#[must_use]
+pub fn netreap_binary() -> PathBuf {
+    match std::env::var_os("CARGO_BIN_EXE_netreap") {
+        Some(path) => PathBuf::from(path),
+        None => panic!("CARGO_BIN_EXE_netreap is not set: run through cargo test/bench or cargo xtask vm-test"),
+    }
+}
+
 fn free_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     l.local_addr().expect("local addr")
@@ -79,10 +90,10 @@ impl Agent {
         let mut cmd = match wrapper.split_first() {
             Some((program, args)) => {
                 let mut c = Command::new(program);
-                c.args(args).arg(env!("CARGO_BIN_EXE_netreap"));
+                c.args(args).arg(netreap_binary());
                 c
             }
-            None => Command::new(env!("CARGO_BIN_EXE_netreap")),
+            None => Command::new(netreap_binary()),
         };
         cmd.arg("run")
             .args(dir_args)
