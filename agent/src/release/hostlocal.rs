@@ -92,7 +92,7 @@ fn check(r: &Reservation, read: ReadOwner) -> Result<(), Outcome> {
     }
 }
 
-fn kept_by(found: LookFound) -> Outcome {
+fn kept_by(found: &LookFound) -> Outcome {
     Outcome::LastLookKept { ip_configured: matches!(found, LookFound::IpConfigured { .. }), found: found.to_string() }
 }
 
@@ -148,42 +148,41 @@ pub(crate) fn release_group(
             }
         }
     };
-    let lock_us = micros(lock_wait);
+    let lock_wait_us = micros(lock_wait);
     // Critical section: per file, re-read and compare, the group's one last
     // look (asked now that the lock is held), the unlink.
     let mut sighting: Option<(Result<Sighting, LookFound>, u64)> = None;
     let mut out = Vec::with_capacity(files.len());
     for (r, f) in files {
-        let mut timings = ReleaseTimings { lock_us, ..ReleaseTimings::default() };
+        let mut timings = ReleaseTimings { lock_us: lock_wait_us, ..ReleaseTimings::default() };
         let reread = Instant::now();
         let checked = check(r, read_owner(&dir, &f.name));
         timings.reread_us = micros(reread);
-        let outcome = match checked {
-            Err(outcome) => outcome,
-            Ok(()) => {
-                let (seen, look_us) = sighting.get_or_insert_with(|| {
-                    let t = Instant::now();
-                    let seen = look.look();
-                    (seen, micros(t))
-                });
-                timings.look_us = *look_us;
-                let found = match seen {
-                    Ok(seen) => seen.keeps(r),
-                    Err(unavailable) => Some(unavailable.clone()),
-                };
-                match found {
-                    Some(found) => kept_by(found),
-                    None if dry_run => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
-                    None => {
-                        let unlink = Instant::now();
-                        let outcome = match dir.unlink(&f.name) {
-                            Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
-                            Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
-                            Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", r.path.display()) },
-                        };
-                        timings.unlink_us = micros(unlink);
-                        outcome
-                    }
+        let outcome = if let Err(outcome) = checked {
+            outcome
+        } else {
+            let (seen, took_us) = sighting.get_or_insert_with(|| {
+                let t = Instant::now();
+                let seen = look.look();
+                (seen, micros(t))
+            });
+            timings.look_us = *took_us;
+            let found = match seen {
+                Ok(seen) => seen.keeps(r),
+                Err(unavailable) => Some(unavailable.clone()),
+            };
+            match found {
+                Some(found) => kept_by(&found),
+                None if dry_run => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
+                None => {
+                    let unlink = Instant::now();
+                    let outcome = match dir.unlink(&f.name) {
+                        Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
+                        Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", r.path.display()) },
+                    };
+                    timings.unlink_us = micros(unlink);
+                    outcome
                 }
             }
         };
