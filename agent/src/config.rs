@@ -271,7 +271,7 @@ const KEYS: &[(&str, &str, &str)] = &[
          price of every syscall of the node taking the kernel's tracing slow path.\n\
          Off: creation is seen by task_newtask and netlink; death (RTM_DELNSID) and\n\
          the CNI ledger (sched tracepoints) need no syscall probe.",
-        "the file only ([probes] attribution = true)",
+        "NETREAP_PROBES_ATTRIBUTION, --probes-attribution",
     ),
 ];
 
@@ -566,6 +566,14 @@ pub struct ConfigFlags {
     /// CRI socket of the container runtime (`none`: do not ask it).
     #[arg(long, env = "NETREAP_CRI_SOCKET", value_name = "PATH")]
     pub cri_socket: Option<PathBuf>,
+    /// Also load the syscall tracepoints (`probes.attribution`: `true` or `false`).
+    #[arg(
+        long,
+        env = "NETREAP_PROBES_ATTRIBUTION",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub probes_attribution: Option<bool>,
 }
 
 impl ConfigFlags {
@@ -604,6 +612,7 @@ impl ConfigFlags {
         if let Some(socket) = &self.cri_socket {
             config.cri_socket = Some(socket.clone());
         }
+        set(&mut config.probes.attribution, self.probes_attribution.as_ref());
     }
 }
 
