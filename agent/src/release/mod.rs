@@ -143,12 +143,15 @@ impl Releaser {
         if let Err(reason) = hostlocal::reservation_file(&verdict.reservation, &self.config.host_local_dirs) {
             return Ok(refused(reason));
         }
+        let fsync = std::time::Instant::now();
         let intent = self.journal.record_intent(verdict, dry_run)?;
+        let intent_fsync_us = micros(fsync);
         if self.config.abort_after_intent {
             std::process::abort();
         }
-        let outcome = self.execute(&verdict.reservation, dry_run);
-        self.journal.record_outcome(&intent.id, &outcome, None)?;
+        let (outcome, mut timings) = self.execute_timed(&verdict.reservation, dry_run);
+        timings.intent_fsync_us = intent_fsync_us;
+        self.journal.record_timed_outcomes(&[(intent.id.as_str(), &outcome, Some(timings))])?;
         log_outcome(&verdict.reservation, &outcome, dry_run);
         Ok(ReleaseRecord { intent_id: Some(intent.id), dry_run, verdict: verdict.clone(), outcome, reverified: None })
     }
@@ -184,7 +187,7 @@ impl Releaser {
         let fsync = std::time::Instant::now();
         let chosen: Vec<&Verdict> = accepted.iter().map(|(v, _)| *v).collect();
         let intents = self.journal.record_intents(&chosen, dry_run)?;
-        let intent_fsync_us = u64::try_from(fsync.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let intent_fsync_us = micros(fsync);
         if self.config.abort_after_intent {
             std::process::abort();
         }
@@ -212,7 +215,7 @@ impl Releaser {
             if !dry_run && outcomes.iter().any(|(o, _)| o.released()) {
                 let sync = std::time::Instant::now();
                 hostlocal::sync_network_dir(dir);
-                let dir_fsync_us = u64::try_from(sync.elapsed().as_micros()).unwrap_or(u64::MAX);
+                let dir_fsync_us = micros(sync);
                 for (_, t) in &mut outcomes {
                     t.dir_fsync_us = dir_fsync_us;
                 }
@@ -305,19 +308,26 @@ impl Releaser {
     /// The store work for one reservation: its file under the plugin's
     /// lock (a group of one, the directory fsync'd), then the cache entry.
     fn execute(&mut self, r: &Reservation, dry_run: bool) -> Outcome {
+        self.execute_timed(r, dry_run).0
+    }
+
+    /// [`Releaser::execute`], with how long its parts took.
+    fn execute_timed(&mut self, r: &Reservation, dry_run: bool) -> (Outcome, ReleaseTimings) {
         let file = match hostlocal::reservation_file(r, &self.config.host_local_dirs) {
             Ok(file) => file,
-            Err(reason) => return Outcome::Refused { reason },
+            Err(reason) => return (Outcome::Refused { reason }, ReleaseTimings::default()),
         };
         let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
-        let outcome =
+        let (outcome, mut timings) =
             hostlocal::release_group(&file.network_dir, &[(r, &file)], self.look.as_mut(), lock_timeout, dry_run)
                 .pop()
-                .map_or_else(|| Outcome::Failed { error: "no outcome".into() }, |(outcome, _)| outcome);
+                .unwrap_or_else(|| (Outcome::Failed { error: "no outcome".into() }, ReleaseTimings::default()));
         if !dry_run && outcome.released() {
+            let sync = std::time::Instant::now();
             hostlocal::sync_network_dir(&file.network_dir);
+            timings.dir_fsync_us = micros(sync);
         }
-        self.with_cache(r, &file, outcome, dry_run, None)
+        (self.with_cache(r, &file, outcome, dry_run, None), timings)
     }
 
     /// The libcni cache entry of a released (or already gone) reservation.
@@ -376,6 +386,11 @@ impl Releaser {
         }
         outcome
     }
+}
+
+/// Micro-seconds since `t`.
+fn micros(t: std::time::Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 fn log_outcome(r: &Reservation, outcome: &Outcome, dry_run: bool) {
