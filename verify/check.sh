@@ -109,13 +109,15 @@ fi
 
 echo "== bug variants: each must give a counterexample"
 check bug.dump-absence-is-death fail "-DBUG_DUMP_DEATH" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
-  'ns_alive\[res_g\[ip\]\]' "S2b (released while its netns lives)"
+  'ns_alive\[res_g\[i\]\]' "S2b (released while its netns lives)"
 check bug.no-last-look fail "-DBUG_NO_LAST_LOOK" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
-  'ns_ip\[0\]==ip' "S2a (released while its IP is configured in a live netns)"
+  'ns_ip\[0\]==i\)' "S2a (released while its IP is configured in a live netns)"
 check bug.no-last-look.duplicate-ip fail "-DBUG_NO_LAST_LOOK -DNO_S2" "$SAFETY" "-N no_dup -m200000 -w25" \
   '_spin_nvr' "S1 (an IP in two live netns)"
+check bug.group-look-before-lock fail "-DLOOK_BEFORE_LOCK" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
+  'ns_ip\[0\]==i\)' "S2a (a look shared by a group without the lock held)"
 check bug.death-by-inode fail "-DBUG_INODE_DEATH" "$SAFETY_SMALL" "-N no_dup -m200000 -w20" \
-  'ns_alive\[res_g\[ip\]\]' "S2b (released while its netns lives)"
+  'ns_alive\[res_g\[i\]\]' "S2b (released while its netns lives)"
 check bug.never-unlinks.liveness fail "-DBUG_NEVER_UNLINK -DLIVES0=1 -DLIVES1=1" "$LIVE_SMALL" \
   "-a -f -N released -m200000 -w20" 'acceptance cycle' "L (a dead netns's reservation kept forever)"
 

@@ -16,10 +16,12 @@
  *     the netns is gone; a container can restart with the same ID (podman,
  *     docker) and so get a new netns;
  *   - netreap: its event loop (rtnetlink socket, eBPF ring buffer of CNI
- *     ADD exec/exit), the decision, the journal intent (fsync'd before
- *     acting), the last look under the plugin's flock (the file is the
- *     same; the IP is in no live netns; no CNI run of the container in
- *     flight), the unlink; a crash after the intent (memory and sockets
+ *     ADD exec/exit), the decision, the journal intents (fsync'd before
+ *     acting), the plugin's flock taken once for the group of files a scan
+ *     found orphaned, one last look under it for the whole group (the IPs
+ *     in no live netns; no CNI run of the container in flight), then per
+ *     file: the file is the same, the unlink; the flock released after the
+ *     group; a crash after the intent (memory and sockets
  *     lost, state dir kept), restart and recovery (re-verify, never redo);
  *     nsid dumps that can miss any live netns; re-queries of netns it
  *     recorded but does not see.
@@ -50,12 +52,12 @@
  *                       and identity (inode, mtime) are compared.
  *   -DBUG_INODE_DEATH   a recorded death is matched to netns by inode alone.
  *   -DBUG_NEVER_UNLINK  netreap never unlinks (L must fail: not vacuous).
+ *   -DLOOK_BEFORE_LOCK  the group's last look is taken before the flock (a
+ *                       look shared by a batch without the lock held).
  *   -DNO_S2             leaves out the S2 assertions (to see S1 itself fail).
  * Experiments (not in check.sh, see the README section):
  *   -DNO_FILE_ID_REUSE  the (inode, mtime) check is never fooled (no A5).
  *   -DNO_RUN_DATING     the decision does not ask which run wrote the file.
- *   -DLOOK_BEFORE_LOCK  the last look's reads happen before this file's
- *                       flock is taken (one look for a batch).
  *   -DADDR_VIEW         the decision also checks the addresses netreap saw
  *                       (only adds reasons to keep; off by default, A7).
  *
@@ -148,10 +150,10 @@ bool v_run[NC];        /* ledger: a CNI run of the container in flight */
 byte p_nsid[NG];       /* nsid + 1 recorded for an incarnation */
 byte p_bind[NC];       /* the bindings */
 byte p_lastx[NC];      /* time of the exit of the last ADD of it seen */
-byte p_ip;             /* the pending journal intent: ip + 1, 0 = none */
-byte p_owner;          /* ... for this container */
-bit  p_fid;            /* ... and this file (inode, mtime) */
-byte p_ftime;
+bool p_int[NIP];       /* a pending journal intent for the file <ip> */
+byte p_owner[NIP];     /* ... for this container */
+bit  p_fid[NIP];       /* ... and this file (inode, mtime) */
+byte p_ftime[NIP];
 
 /* ======================= properties ======================= */
 #define in_live(g, i)  (ns_alive[g] && ns_ip[g] == i)
@@ -431,8 +433,8 @@ inline check_recorded(g, k, found) {
   fi
 }
 
-inline close_intent() {
-  p_ip = 0; p_owner = 0; p_fid = 0; p_ftime = 0
+inline close_intent(i) {
+  p_int[i] = 0; p_owner[i] = 0; p_fid[i] = 0; p_ftime[i] = 0
 }
 
 /* Scratch variables are zeroed after use, so that they do not tell
@@ -489,9 +491,10 @@ inline resync() {
 
 active proctype Netreap() {
   mtype kind;
-  byte a, b, t, g, k, i, c, ip, found, dtime;
-  bit dfid;
-  bool ok, res, looked;
+  byte a, b, t, g, k, i, c, found, grp;
+  byte d_owner[NIP], d_ftime[NIP];           /* the files decided about */
+  bit d_fid[NIP];
+  bool ok, res, seen[NIP];
 
 end_loop:
   do
@@ -511,100 +514,120 @@ end_loop:
        :: skip
        :: resync()
        fi;
-       /* a scan: read and decide every file <ip>, up to the first orphan;
-        * a pending intent (after a restart) is re-verified like any other,
-        * never redone blindly */
-       ip = NONE;
+       /* a scan: read and decide every file <ip>; the orphans form one
+        * group (a batch: each network's files are released under one
+        * hold of its lock). A pending intent (after a restart) is
+        * re-verified like any other, never redone blindly. */
+       grp = 0;
        for (i : 0 .. NIP - 1) {
          if
-         :: ip == NONE && owner[i] != 0 ->
-            c = owner[i] - 1; dfid = fid[i]; dtime = ftime[i];
+         :: owner[i] != 0 ->
+            c = owner[i] - 1;
             if
-            :: p_ip == i + 1 && (c != p_owner || dfid != p_fid || dtime != p_ftime) ->
-               close_intent()                        /* the intent's file is gone */
+            :: p_int[i] && (c != p_owner[i] || fid[i] != p_fid[i] || ftime[i] != p_ftime[i]) ->
+               close_intent(i)                       /* the intent's file is gone */
             :: else -> skip
             fi;
-            orphaned(c, i, dtime, ok, k, res);
+            orphaned(c, i, ftime[i], ok, k, res);
             if
-            :: ok -> ip = i
-            :: !ok && p_ip == i + 1 -> close_intent()   /* re-verified: kept */
+            :: ok -> grp = grp | (1 << i);
+               d_owner[i] = c; d_fid[i] = fid[i]; d_ftime[i] = ftime[i]
+            :: !ok && p_int[i] -> close_intent(i)    /* re-verified: kept */
             :: else -> skip
             fi
-         :: ip == NONE && owner[i] == 0 && p_ip == i + 1 ->
-            close_intent()                           /* the intent's file is gone */
+         :: owner[i] == 0 && p_int[i] ->
+            close_intent(i)                          /* the intent's file is gone */
          :: else -> skip
          fi
        }
-       i = 0;
+       i = 0; c = 0; ok = 0;
        scratch_clear();
        if
-       :: ip != NONE ->
-          /* the intent, fsync'd before acting */
-          p_ip = ip + 1; p_owner = c; p_fid = dfid; p_ftime = dtime;
-          printf("MSC: netreap: IP %d of container %d orphaned, intent fsync'd\n", ip, c);
+       :: grp != 0 ->
+          /* the group's intents, fsync'd (one write) before acting */
+          for (i : 0 .. NIP - 1) {
+            if
+            :: (grp & (1 << i)) != 0 ->
+               p_int[i] = 1; p_owner[i] = d_owner[i]; p_fid[i] = d_fid[i]; p_ftime[i] = d_ftime[i];
+               printf("MSC: netreap: IP %d of container %d orphaned, intent fsync'd\n", i, d_owner[i])
+            :: else -> skip
+            fi
+          }
+          i = 0;
           if
           :: crashes < MAXCRASH ->
              crashes++; printf("MSC: netreap crashes\n"); goto crash
           :: true -> skip
           fi
-       :: else -> c = 0; dfid = 0; dtime = 0; ok = 0
+       :: else -> skip
        fi
      };
      if
-     :: ip != NONE ->
-        /* The last look, under the plugin's flock. Is the file still the
-         * one decided about (owner, inode, mtime)? Then, in this order: is
-         * the IP configured in any live netns (a fresh read of the kernel,
-         * A3)? Then drain the ring buffer: is a CNI run of the container in
-         * flight? The order matters: a run that configures the IP after
-         * the kernel read has its exec before the drain. */
+     :: grp != 0 ->
+        /* The last look, once for the group, under the plugin's flock held
+         * across the group's unlinks. In this order: the kernel read (is
+         * each IP configured in any live netns, A3), then drain the ring
+         * buffer (is a CNI run of the container in flight?). The order
+         * matters: a run that configures an IP after the kernel read has
+         * its exec before the drain. Then, per file, still under the same
+         * hold of the lock: is it still the file decided about (owner,
+         * inode, mtime)? Then the unlink. */
 #ifdef LOOK_BEFORE_LOCK
-        /* experiment: the kernel is read before this file's flock is taken
-         * (as when one look is gathered for a whole batch) */
+        /* bug: the group's look is taken before the flock (one look for a
+         * batch, shared across a lock that is not held): a file re-created
+         * in between passes the identity check */
         atomic {
-          looked = !(in_live(0, ip) || in_live(1, ip) || in_live(2, ip));
-          drain_rb();
-          looked = looked && !v_run[c]
+          for (i : 0 .. NIP - 1) {
+            seen[i] = in_live(0, i) || in_live(1, i) || in_live(2, i)
+          }
+          i = 0;
+          drain_rb()
         };
 #endif
         atomic {
           hl_lock == 0 -> hl_lock = 1;
-          ok = (owner[ip] == c + 1 && fid[ip] == dfid && ftime[ip] == dtime);
-#ifdef LOOK_BEFORE_LOCK
-          ok = ok && looked; looked = 0
-#elif !defined(BUG_NO_LAST_LOOK)
-          if
-          :: ok && (in_live(0, ip) || in_live(1, ip) || in_live(2, ip)) -> ok = 0
-          :: else -> skip
-          fi
+#if !defined(BUG_NO_LAST_LOOK) && !defined(LOOK_BEFORE_LOCK)
+          for (i : 0 .. NIP - 1) {
+            seen[i] = in_live(0, i) || in_live(1, i) || in_live(2, i)
+          }
+          i = 0
+#else
+          skip
 #endif
         };
         atomic {
 #if !defined(BUG_NO_LAST_LOOK) && !defined(LOOK_BEFORE_LOCK)
-          if
-          :: ok ->
-             drain_rb();
-             ok = !v_run[c]
-          :: else -> skip
-          fi;
+          drain_rb();
 #endif
-          if
-          :: ok ->
+          for (i : 0 .. NIP - 1) {
+            if
+            :: (grp & (1 << i)) != 0 ->
+               c = d_owner[i];
+               ok = (owner[i] == c + 1 && fid[i] == d_fid[i] && ftime[i] == d_ftime[i]);
+#ifndef BUG_NO_LAST_LOOK
+               ok = ok && !seen[i] && !v_run[c];
+#endif
+               if
+               :: ok ->
 #ifndef NO_S2
-             assert(!in_live(0, ip) && !in_live(1, ip) && !in_live(2, ip)); /* S2a */
-             assert(!ns_alive[res_g[ip]] || fooled[ip]);                    /* S2b */
+                  assert(!in_live(0, i) && !in_live(1, i) && !in_live(2, i)); /* S2a */
+                  assert(!ns_alive[res_g[i]] || fooled[i]);                   /* S2b */
 #endif
 #ifndef BUG_NEVER_UNLINK
-             owner[ip] = 0; res_g[ip] = 0; fooled[ip] = 0;
+                  owner[i] = 0; res_g[i] = 0; fooled[i] = 0;
 #endif
-             printf("MSC: netreap unlinks IP %d\n", ip)
-          :: else -> printf("MSC: netreap: last look keeps IP %d\n", ip)
-          fi;
+                  printf("MSC: netreap unlinks IP %d\n", i)
+               :: else -> printf("MSC: netreap: last look keeps IP %d\n", i)
+               fi;
+               close_intent(i)                       /* the outcome, journaled */
+            :: else -> skip
+            fi;
+            seen[i] = 0; d_owner[i] = 0; d_fid[i] = 0; d_ftime[i] = 0
+          }
           hl_lock = 0;
-          close_intent();                            /* the outcome, journaled */
-          scratch_clear(); ip = 0; c = 0; dfid = 0; dtime = 0; ok = 0
+          scratch_clear(); i = 0; c = 0; ok = 0; grp = 0
         }
-     :: else -> ip = 0
+     :: else -> skip
      fi
   od;
 
@@ -620,7 +643,9 @@ crash:
     for (g : 0 .. NG - 1) { v_known[g] = 0; v_dead[g] = 0; v_ipg[g] = NONE }
     for (g : 0 .. NNSID - 1) { v_nsid[g] = 0 }
     for (c : 0 .. NC - 1) { v_bind[c] = 0; v_run[c] = 0 }
-    scratch_clear(); c = 0; ip = 0; dfid = 0; dtime = 0; ok = 0
+    scratch_clear(); c = 0; i = 0; grp = 0; ok = 0;
+    for (g : 0 .. NIP - 1) { d_owner[g] = 0; d_fid[g] = 0; d_ftime[g] = 0; seen[g] = 0 }
+    g = 0
   };
   /* ... the world goes on while it is down ... */
   atomic {

@@ -14,6 +14,8 @@ static OFFSETS: KernelOffsets = KernelOffsets {
     net_ns_inum: 0,
     mm_env_start: 0,
     mm_env_end: 0,
+    task_pid: 0,
+    task_tgid: 0,
     valid: 0,
     _pad: 0,
 };

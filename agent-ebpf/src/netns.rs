@@ -6,9 +6,9 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid,
-    macros::{fentry, fexit, map, tracepoint},
+    macros::{fentry, fexit, map, raw_tracepoint, tracepoint},
     maps::HashMap,
-    programs::{FEntryContext, FExitContext, TracePointContext},
+    programs::{FEntryContext, FExitContext, RawTracePointContext, TracePointContext},
 };
 use netreap_common::{Event, NetnsData, kind, via};
 
@@ -141,6 +141,43 @@ pub fn netreap_exit_clone(ctx: TracePointContext) -> u32 {
 #[tracepoint(category = "syscalls", name = "sys_exit_clone3")]
 pub fn netreap_exit_clone3(ctx: TracePointContext) -> u32 {
     report_clone_child(&ctx, via::CLONE3).unwrap_or(0)
+}
+
+/// raw tracepoint: task_newtask (struct task_struct *task, u64 clone_flags),
+/// in the parent, after the new task's namespaces are set: a task created
+/// with CLONE_NEWNET is in a new netns. No syscall tracepoint is involved
+/// (those put every task on the kernel's syscall-tracing slow path), so
+/// this is the creation probe when `probes.attribution` is off. The record
+/// names the new task (pid, tgid), so its netns can be opened through it.
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn netreap_task_newtask(ctx: RawTracePointContext) -> i32 {
+    try_task_newtask(&ctx).unwrap_or(0)
+}
+
+fn try_task_newtask(ctx: &RawTracePointContext) -> Result<i32, i64> {
+    let clone_flags: u64 = ctx.arg(1);
+    if clone_flags & CLONE_NEWNET == 0 {
+        return Ok(0);
+    }
+    let off = offsets();
+    if off.valid == 0 {
+        return Ok(0);
+    }
+    let task: *const u8 = ctx.arg(0);
+    let child = task_netns_inum(task, &off)?;
+    let parent = task_netns_inum(current_task(), &off).unwrap_or(0);
+    if child == parent {
+        return Ok(0);
+    }
+    let pid: u32 = read(task, off.task_pid)?;
+    let tgid: u32 = read(task, off.task_tgid)?;
+    let mut h = header(kind::NETNS_CREATED, size_of::<Event<NetnsData>>());
+    h.pid = pid;
+    h.tgid = tgid;
+    let event =
+        Event { header: h, data: NetnsData { netns_inum: child, prev_inum: parent, via: via::TASK_NEWTASK, _pad: 0 } };
+    output(&event);
+    Ok(0)
 }
 
 /// fexit: struct net *copy_net_ns(u64 flags, struct user_namespace *, struct net *old_net)

@@ -96,6 +96,20 @@ pub struct Config {
     /// that exists; "none": do not ask the runtime.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cri_socket: Option<PathBuf>,
+    /// Which eBPF probes load (`[probes]`).
+    pub probes: ProbesConfig,
+}
+
+/// The `[probes]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbesConfig {
+    /// Load the syscall tracepoints (unshare, clone, clone3, setns), which
+    /// name the task that made or entered a netns. Off: creation is seen by
+    /// task_newtask and netlink; death and the CNI ledger do not need them.
+    /// They put every task of the node on the kernel's syscall-tracing slow
+    /// path (see the README's benchmarks).
+    pub attribution: bool,
 }
 
 impl Default for Config {
@@ -122,6 +136,7 @@ impl Default for Config {
             log: "info".to_owned(),
             mountinfo: PathBuf::from("/proc/self/mountinfo"),
             cri_socket: None,
+            probes: ProbesConfig::default(),
         }
     }
 }
@@ -248,6 +263,15 @@ const KEYS: &[(&str, &str, &str)] = &[
          first of /run/containerd/containerd.sock, /var/run/crio/crio.sock that exists\n\
          (looked for again until one appears); \"none\": do not ask the runtime.",
         "NETREAP_CRI_SOCKET, --cri-socket",
+    ),
+    (
+        "probes",
+        "eBPF probes. attribution: also load the syscall tracepoints (unshare, clone,\n\
+         clone3, setns), which name the task that made or entered each netns, at the\n\
+         price of every syscall of the node taking the kernel's tracing slow path.\n\
+         Off: creation is seen by task_newtask and netlink; death (RTM_DELNSID) and\n\
+         the CNI ledger (sched tracepoints) need no syscall probe.",
+        "NETREAP_PROBES_ATTRIBUTION, --probes-attribution",
     ),
 ];
 
@@ -542,6 +566,14 @@ pub struct ConfigFlags {
     /// CRI socket of the container runtime (`none`: do not ask it).
     #[arg(long, env = "NETREAP_CRI_SOCKET", value_name = "PATH")]
     pub cri_socket: Option<PathBuf>,
+    /// Also load the syscall tracepoints (`probes.attribution`: `true` or `false`).
+    #[arg(
+        long,
+        env = "NETREAP_PROBES_ATTRIBUTION",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub probes_attribution: Option<bool>,
 }
 
 impl ConfigFlags {
@@ -580,6 +612,7 @@ impl ConfigFlags {
         if let Some(socket) = &self.cri_socket {
             config.cri_socket = Some(socket.clone());
         }
+        set(&mut config.probes.attribution, self.probes_attribution.as_ref());
     }
 }
 

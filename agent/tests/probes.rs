@@ -400,3 +400,36 @@ fn the_exec_record_carries_the_real_uid() {
         assert_eq!(exec.uid, 65534);
     });
 }
+
+/// `probes.attribution = false`: no syscall tracepoint is attached, and a
+/// clone(CLONE_NEWNET) is still reported, by task_newtask, naming the new
+/// task and its netns.
+#[test]
+fn without_attribution_task_newtask_reports_the_childs_netns() {
+    use netreap::kernel::probes::{ProbeOptions, ProbeSet, ProbeState, Probes};
+    if !kernel_tests_possible() {
+        return;
+    }
+    runtime().block_on(async {
+        let probes = Probes::load_configured(ProbeOptions { attribution: false }).expect("probes load");
+        for s in &probes.status {
+            let active = matches!(s.state, ProbeState::Active);
+            match s.spec.set {
+                ProbeSet::Attribution => assert!(!active && !s.spec.required, "{} must be off", s.spec.program),
+                ProbeSet::WithoutAttribution => assert!(active, "{} must load: {:?}", s.spec.program, s.state),
+                ProbeSet::Always => {}
+            }
+        }
+        let mut w = support::watch_with(probes);
+        let child = clone_newnet();
+        let (event, _) = w
+            .wait_for(WAIT, "task_newtask netns event", |e| {
+                matches!(e, KernelEvent::NetnsCreated { task, via: NetnsVia::TaskNewtask, .. } if task.pid == child.0 as u32)
+            })
+            .await;
+        let KernelEvent::NetnsCreated { netns_inode, task, .. } = event else { unreachable!() };
+        assert_eq!(u64::from(netns_inode), inode_of_pid(child.0), "the child's netns");
+        assert_eq!(task.tgid, child.0 as u32, "the record names the new task");
+        assert_ne!(u64::from(netns_inode), netns_inode_of_self());
+    });
+}

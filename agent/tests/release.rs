@@ -892,3 +892,66 @@ fn sleeper_child_process() {
         std::thread::sleep(Duration::from_secs(30));
     }
 }
+
+/// Counts its looks, checks the network's lock is held at each, and keeps
+/// the one reservation whose IP it is told about.
+struct GroupLook {
+    lock: PathBuf,
+    looks: std::sync::Arc<AtomicU32>,
+    configured: IpAddr,
+}
+
+impl netreap::release::lastlook::LastLook for GroupLook {
+    fn look(&mut self) -> Result<netreap::release::lastlook::Sighting, netreap::release::lastlook::LookFound> {
+        use std::os::fd::AsRawFd as _;
+        let probe = fs::File::open(&self.lock).unwrap();
+        // SAFETY: a valid descriptor; LOCK_NB never blocks.
+        let free = unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;
+        assert!(!free, "the last look runs while the network's lock is held");
+        self.looks.fetch_add(1, Ordering::SeqCst);
+        Ok(netreap::release::lastlook::Sighting::with_ip(self.configured, "a test netns".into()))
+    }
+}
+
+/// A batch takes a network's lock once for its group of files and looks
+/// at the kernel once, under that lock; each file is still judged on its
+/// own (the one whose IP the look saw configured is kept), and the journal
+/// records how long each part took.
+#[test]
+fn a_batch_locks_each_network_once_and_looks_once_under_the_lock() {
+    if !real_plugin_possible() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("networks");
+    let netns: Vec<Netns> = (0..3).map(|_| Netns::new()).collect();
+    let cids = ["g1", "g2", "g3"];
+    let ips: Vec<IpAddr> =
+        netns.iter().zip(cids).map(|(n, cid)| add(&data, "nrrgroup", "10.231.13.0/28", cid, n)).collect();
+    let all = verdicts(&data, &died(&cids));
+    assert_eq!(all.iter().filter(|v| v.status == Status::Orphaned).count(), 3, "{all:#?}");
+    let state = tmp.path().join("state");
+    let mut rel = releaser(&state, &[&data], None, false);
+    let looks = std::sync::Arc::new(AtomicU32::new(0));
+    rel.set_last_look(Box::new(GroupLook {
+        lock: data.join("nrrgroup/lock"),
+        looks: looks.clone(),
+        configured: ips[1],
+    }));
+    let records = rel.release_orphaned(&all).unwrap();
+    assert_eq!(looks.load(Ordering::SeqCst), 1, "one look for the network's group");
+    for (ip, cid) in ips.iter().zip(cids) {
+        let rec = records.iter().find(|r| r.verdict.reservation.ip == *ip).unwrap();
+        if *ip == ips[1] {
+            assert!(matches!(rec.outcome, Outcome::LastLookKept { ip_configured: true, .. }), "{cid}: {}", rec.outcome);
+            assert!(data.join("nrrgroup").join(ip.to_string()).exists(), "{cid} kept");
+        } else {
+            assert!(rec.outcome.released(), "{cid}: {}", rec.outcome);
+            assert!(!data.join("nrrgroup").join(ip.to_string()).exists(), "{cid} released");
+        }
+    }
+    let timed: Vec<serde_json::Value> =
+        journal_lines(&state).into_iter().filter(|l| l["record"] == "outcome" && l["timings"].is_object()).collect();
+    assert_eq!(timed.len(), 3, "every outcome of the batch carries its timings");
+    assert!(timed.iter().all(|l| l["timings"]["look_us"].as_u64().is_some()), "{timed:?}");
+}

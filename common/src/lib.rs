@@ -26,6 +26,9 @@ pub mod via {
     pub const SETNS: u32 = 4;
     pub const COPY_NET_NS: u32 = 5;
     pub const PUT_NET: u32 = 6;
+    /// raw tracepoint task_newtask: a task created with CLONE_NEWNET (the
+    /// creation path when the syscall tracepoints are off).
+    pub const TASK_NEWTASK: u32 = 7;
 }
 
 /// Bits of `CniExecData::flags`: which values were truncated or missing.
@@ -163,6 +166,9 @@ pub struct KernelOffsets {
     pub net_ns_inum: u32,
     pub mm_env_start: u32,
     pub mm_env_end: u32,
+    /// task_struct.pid and .tgid: the new task's ids in task_newtask.
+    pub task_pid: u32,
+    pub task_tgid: u32,
     /// Non-zero once the agent filled the struct; programs do nothing before.
     pub valid: u32,
     pub _pad: u32,

@@ -15,7 +15,7 @@ commands:
   test            install what the tests need (apt packages, eBPF toolchain), then run
                   every test of the workspace (as root: kernel tests load real probes)
   bench           run the benchmarks as root (netns_death, reclaim) and print their tables:
-                  bench [netns_death] [latency] [overhead] [scale] [burst] (none named: all)
+                  bench [netns_death] [latency] [overhead] [scale] [burst] [down] [rest] (none named: all)
   image           build the agent's container image with no registry: a distroless Debian base from
                   mmdebstrap, deploy/Containerfile built with podman, tagged netreap:<version>,
                   saved as target/netreap-<version>.oci.tar
@@ -87,8 +87,8 @@ fn daemonset_test(ws: &Workspace) -> Result<(), BuildError> {
     ]))
 }
 
-/// `cargo xtask bench [netns_death] [latency|overhead|scale|burst]...`: the
-/// issue 6 benchmarks. Item names go to the reclaim bench; netns_death runs
+/// `cargo xtask bench [netns_death] [latency|overhead|scale|burst|down|rest]...`:
+/// the issue 6 and 13 benchmarks. Item names go to the reclaim bench; netns_death runs
 /// when named or when nothing is. Root: they create namespaces and load probes.
 fn bench(ws: &Workspace, extra: &[String]) -> Result<(), BuildError> {
     // std only: the effective uid from /proc rather than libc::geteuid.

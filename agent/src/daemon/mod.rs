@@ -102,7 +102,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let state = Arc::new(Mutex::new(StateDoc::default()));
     let endpoint = publish::serve_endpoint(&config, &metrics, &state).await?;
 
-    let mut probes = Probes::load().context("loading the eBPF probes")?;
+    let probe_options = crate::kernel::probes::ProbeOptions { attribution: config.probes.attribution };
+    let mut probes = Probes::load_configured(probe_options).context("loading the eBPF probes")?;
     log_probe_status(&probes);
     if let Ok(mut s) = state.lock() {
         s.probes.clone_from(&probes.status);

@@ -256,6 +256,8 @@ pub fn resolve_offsets(btf: &Btf) -> Result<KernelOffsets, BtfError> {
         task_mm: btf.offset_of("task_struct", "mm")?,
         nsproxy_net_ns: btf.offset_of("nsproxy", "net_ns")?,
         net_ns_inum: btf.offset_of("net", "ns.inum")?,
+        task_pid: btf.offset_of("task_struct", "pid")?,
+        task_tgid: btf.offset_of("task_struct", "tgid")?,
         mm_env_start: btf.offset_of("mm_struct", "env_start")?,
         mm_env_end: btf.offset_of("mm_struct", "env_end")?,
         valid: 1,

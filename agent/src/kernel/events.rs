@@ -44,6 +44,7 @@ pub enum NetnsVia {
     Setns,
     CopyNetNs,
     PutNet,
+    TaskNewtask,
 }
 
 impl NetnsVia {
@@ -55,6 +56,7 @@ impl NetnsVia {
             via::SETNS => Self::Setns,
             via::COPY_NET_NS => Self::CopyNetNs,
             via::PUT_NET => Self::PutNet,
+            via::TASK_NEWTASK => Self::TaskNewtask,
             other => return Err(DecodeError::UnknownVia(other)),
         })
     }

@@ -6,7 +6,7 @@ use std::{fmt, io};
 use aya::{
     Btf as AyaBtf, Ebpf, EbpfLoader,
     maps::{MapData, PerCpuArray, ProgramArray, RingBuf},
-    programs::{FEntry, FExit, ProgramError, TracePoint},
+    programs::{FEntry, FExit, ProgramError, RawTracePoint, TracePoint},
 };
 use netreap_common::KernelOffsets;
 use serde::Serialize;
@@ -20,6 +20,7 @@ static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"),
 #[serde(rename_all = "snake_case", tag = "type")]
 pub enum Attach {
     Tracepoint { category: &'static str, name: &'static str },
+    RawTracepoint { name: &'static str },
     FEntry { function: &'static str },
     FExit { function: &'static str },
 }
@@ -28,6 +29,7 @@ impl fmt::Display for Attach {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Tracepoint { category, name } => write!(f, "tracepoint {category}/{name}"),
+            Self::RawTracepoint { name } => write!(f, "raw_tracepoint {name}"),
             Self::FEntry { function } => write!(f, "fentry {function}"),
             Self::FExit { function } => write!(f, "fexit {function}"),
         }
@@ -49,6 +51,32 @@ pub struct ProbeSpec {
     /// A second implementation for kernels that refuse `program`, tried
     /// when loading it fails.
     pub variant: Option<Variant>,
+    /// Which probe set it belongs to (see [`ProbeOptions`]).
+    pub set: ProbeSet,
+}
+
+/// The syscall tracepoints name the task that made or entered a netns
+/// (attribution: pid, comm, cgroup), but enabling any syscall tracepoint
+/// puts every task of the node on the kernel's syscall-tracing slow path.
+/// With `probes.attribution = false` (the default) they are not loaded and
+/// creation is seen by `task_newtask` and netlink instead; death (RTM_DELNSID,
+/// __put_net) and the CNI ledger (sched tracepoints) need neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProbeSet {
+    /// Loaded in both settings.
+    Always,
+    /// Only with `probes.attribution = true`.
+    Attribution,
+    /// Only with `probes.attribution = false` (what covers for the others).
+    WithoutAttribution,
+}
+
+/// What to load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeOptions {
+    /// Load the syscall tracepoints (`probes.attribution`).
+    pub attribution: bool,
 }
 
 /// An older-kernel implementation of a probe: `entry` is attached in place
@@ -76,7 +104,13 @@ const fn tp(program: &'static str, category: &'static str, name: &'static str, o
         observes,
         fallback: "",
         variant: None,
+        set: ProbeSet::Always,
     }
+}
+
+/// A syscall tracepoint: only with `probes.attribution = true`.
+const fn syscall_tp(program: &'static str, name: &'static str, observes: &'static str) -> ProbeSpec {
+    ProbeSpec { set: ProbeSet::Attribution, ..tp(program, "syscalls", name, observes) }
 }
 
 /// The CNI environment scan for kernels without bpf_loop (before 5.17).
@@ -94,12 +128,21 @@ pub const ENV_SCAN_TAIL_CALLS: Variant = Variant {
 
 /// Every probe netreap knows, in load order.
 pub const PROBES: &[ProbeSpec] = &[
-    tp("netreap_enter_unshare", "syscalls", "sys_enter_unshare", "unshare(CLONE_NEWNET): remembers the caller's netns"),
-    tp("netreap_exit_unshare", "syscalls", "sys_exit_unshare", "unshare(CLONE_NEWNET): the new netns"),
-    tp("netreap_exit_clone", "syscalls", "sys_exit_clone", "clone(CLONE_NEWNET): the child's new netns"),
-    tp("netreap_exit_clone3", "syscalls", "sys_exit_clone3", "clone3(CLONE_NEWNET): the child's new netns"),
-    tp("netreap_enter_setns", "syscalls", "sys_enter_setns", "setns: remembers the caller's netns"),
-    tp("netreap_exit_setns", "syscalls", "sys_exit_setns", "setns: the netns entered, when it changed"),
+    syscall_tp("netreap_enter_unshare", "sys_enter_unshare", "unshare(CLONE_NEWNET): remembers the caller's netns"),
+    syscall_tp("netreap_exit_unshare", "sys_exit_unshare", "unshare(CLONE_NEWNET): the new netns"),
+    syscall_tp("netreap_exit_clone", "sys_exit_clone", "clone(CLONE_NEWNET): the child's new netns"),
+    syscall_tp("netreap_exit_clone3", "sys_exit_clone3", "clone3(CLONE_NEWNET): the child's new netns"),
+    syscall_tp("netreap_enter_setns", "sys_enter_setns", "setns: remembers the caller's netns"),
+    syscall_tp("netreap_exit_setns", "sys_exit_setns", "setns: the netns entered, when it changed"),
+    ProbeSpec {
+        program: "netreap_task_newtask",
+        attach: Attach::RawTracepoint { name: "task_newtask" },
+        required: true,
+        observes: "clone/clone3(CLONE_NEWNET): the new task's netns, without a syscall tracepoint",
+        fallback: "",
+        variant: None,
+        set: ProbeSet::WithoutAttribution,
+    },
     ProbeSpec {
         variant: Some(ENV_SCAN_TAIL_CALLS),
         ..tp("netreap_cni_exec", "sched", "sched_process_exec", "CNI plugin runs: CNI_COMMAND/CONTAINERID/NETNS/IFNAME")
@@ -110,8 +153,9 @@ pub const PROBES: &[ProbeSpec] = &[
         attach: Attach::FExit { function: "copy_net_ns" },
         required: false,
         observes: "every netns creation, whatever the syscall",
-        fallback: "syscall tracepoints (unshare, clone, clone3, setns) report creation",
+        fallback: "syscall tracepoints (unshare, clone, clone3, setns) or task_newtask and netlink report creation",
         variant: None,
+        set: ProbeSet::Always,
     },
     ProbeSpec {
         program: "netreap_put_net",
@@ -120,6 +164,7 @@ pub const PROBES: &[ProbeSpec] = &[
         observes: "the exact moment a netns's last reference drops",
         fallback: "rtnetlink RTM_DELNSID reports netns death",
         variant: None,
+        set: ProbeSet::Always,
     },
 ];
 
@@ -329,14 +374,22 @@ pub struct Probes {
 impl Probes {
     /// Resolves offsets from BTF, loads the object and attaches every probe
     /// the kernel accepts. Fails only when a required probe fails.
+    /// Every probe of the tracepoint path, the syscall tracepoints included
+    /// (`probes.attribution = true`).
     pub fn load() -> Result<Self, ProbeError> {
-        Self::load_with(true, false)
+        Self::load_with(true, false, ProbeOptions { attribution: true })
+    }
+
+    /// Like [`Probes::load`], with the probe set `options` names.
+    pub fn load_configured(options: ProbeOptions) -> Result<Self, ProbeError> {
+        Self::load_with(true, false, options)
     }
 
     /// Like [`Probes::load`], but a failing required probe is recorded in
     /// `status` instead of failing the load: the `netreap probes` report.
+    /// Both probe sets are tried (a survey of the kernel).
     pub fn survey() -> Result<Self, ProbeError> {
-        Self::load_with(false, false)
+        Self::load_with(false, false, ProbeOptions { attribution: true })
     }
 
     /// Like [`Probes::load`], but every probe with a [`Variant`] runs its
@@ -344,10 +397,10 @@ impl Probes {
     /// older kernels' code path on any kernel (tests, `netreap probes
     /// --variants`).
     pub fn load_variants() -> Result<Self, ProbeError> {
-        Self::load_with(true, true)
+        Self::load_with(true, true, ProbeOptions { attribution: true })
     }
 
-    fn load_with(strict: bool, force_variants: bool) -> Result<Self, ProbeError> {
+    fn load_with(strict: bool, force_variants: bool, options: ProbeOptions) -> Result<Self, ProbeError> {
         match super::tracefs::ensure_mounted().map_err(ProbeError::Tracefs)? {
             super::tracefs::Tracefs::MountedBy(dir) => tracing::info!("mounted tracefs on {dir}"),
             super::tracefs::Tracefs::AlreadyMounted(_) => {}
@@ -371,6 +424,26 @@ impl Probes {
             .flatten();
         let mut status = Vec::with_capacity(PROBES.len());
         for spec in PROBES {
+            // A survey (not strict) tries both sets.
+            let off = match (strict, spec.set, options.attribution) {
+                (true, ProbeSet::Attribution, false) => {
+                    Some("off: probes.attribution = false (task_newtask and netlink report creation)")
+                }
+                (true, ProbeSet::WithoutAttribution, true) => {
+                    Some("off: probes.attribution = true (the syscall tracepoints report creation)")
+                }
+                _ => None,
+            };
+            if let Some(reason) = off {
+                // Not loaded by choice: never a failed required probe.
+                let spec = ProbeSpec { required: false, ..*spec };
+                status.push(ProbeStatus {
+                    spec,
+                    state: ProbeState::Unavailable(reason.to_owned()),
+                    implementation: None,
+                });
+                continue;
+            }
             if let (Some(variant), Attach::Tracepoint { category, name }) = (spec.variant, spec.attach) {
                 let (state, implementation) =
                     load_with_variant(&mut ebpf, spec, variant, (category, name), force_variants)?;
@@ -387,6 +460,10 @@ impl Probes {
             let prog = ebpf.program_mut(spec.program).ok_or(ProbeError::MissingProgram(spec.program))?;
             let result: Result<(), ProgramError> = match spec.attach {
                 Attach::Tracepoint { category, name } => load_tracepoint(prog, category, name),
+                Attach::RawTracepoint { name } => <&mut RawTracePoint>::try_from(prog).and_then(|p| {
+                    p.load()?;
+                    p.attach(name).map(drop)
+                }),
                 Attach::FEntry { function } => trampoline_btf(aya_btf.as_ref()).and_then(|b| {
                     let p = <&mut FEntry>::try_from(prog)?;
                     p.load(function, b)?;

@@ -2,13 +2,21 @@
 //! `flock(LOCK_EX)` on `<dataDir>/<network>/lock` (go-filemutex: open
 //! `O_CREAT|O_RDONLY` 0750, `flock(LOCK_EX)`), after re-reading the file and
 //! checking it still names the same owner and is the same file. Only the
-//! re-read and the unlink happen under the lock.
+//! re-read, the last look and the unlink happen under the lock. A batch
+//! takes each network's lock once for its group of files, with one last
+//! look under it (see `lastlook`).
 
-use std::{io, net::IpAddr, os::unix::fs::MetadataExt, path::PathBuf};
+use std::{
+    io,
+    net::IpAddr,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
 
 use super::{
-    lastlook::{LastLook, LookFound},
-    outcome::Outcome,
+    lastlook::{LastLook, LookFound, Sighting},
+    outcome::{Outcome, ReleaseTimings},
 };
 use crate::ipam::{
     AnomalyKind, Owner, Reservation, StoreRef,
@@ -16,16 +24,16 @@ use crate::ipam::{
     safefs::{Dir, FlockGuard},
 };
 
-/// Where a reservation lives, rebuilt from (data dir, network, IP) and
-/// checked against the recorded path: a report edited by hand (or by
-/// someone hostile) cannot point a release anywhere else.
+/// The host-local file a reservation lives in, rebuilt from (data dir,
+/// network, IP) and checked against the recorded path: a report edited by
+/// hand (or by someone hostile) cannot point a release anywhere else.
 #[derive(Debug, Clone)]
-pub(crate) struct Target {
+pub(crate) struct ReservationFile {
     pub network_dir: PathBuf,
     pub name: String,
 }
 
-pub(crate) fn target(r: &Reservation, allowed: &[PathBuf]) -> Result<Target, String> {
+pub(crate) fn reservation_file(r: &Reservation, allowed: &[PathBuf]) -> Result<ReservationFile, String> {
     let StoreRef::HostLocal { data_dir } = &*r.store else {
         return Err(format!("{} is not a host-local store", r.store));
     };
@@ -46,17 +54,17 @@ pub(crate) fn target(r: &Reservation, allowed: &[PathBuf]) -> Result<Target, Str
             expected.display()
         ));
     }
-    Ok(Target { network_dir, name })
+    Ok(ReservationFile { network_dir, name })
 }
 
-fn open_dir(t: &Target) -> Result<Dir, Outcome> {
-    Dir::open(&t.network_dir).map_err(|e| match e.raw_os_error() {
+fn open_dir(network_dir: &Path) -> Result<Dir, Outcome> {
+    Dir::open(network_dir).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => Outcome::AlreadyGone,
         Some(libc::ELOOP | libc::ENOTDIR) => Outcome::Anomalous {
             kind: AnomalyKind::Symlink,
-            detail: format!("{} is no longer a plain directory", t.network_dir.display()),
+            detail: format!("{} is no longer a plain directory", network_dir.display()),
         },
-        _ => Outcome::Failed { error: format!("{}: {e}", t.network_dir.display()) },
+        _ => Outcome::Failed { error: format!("{}: {e}", network_dir.display()) },
     })
 }
 
@@ -84,82 +92,107 @@ fn check(r: &Reservation, read: ReadOwner) -> Result<(), Outcome> {
     }
 }
 
-/// Dry run: reads without the lock (taking it could create the lock file)
-/// and changes nothing.
-pub(crate) fn would_release(r: &Reservation, t: &Target, look: &mut dyn LastLook) -> Outcome {
-    let dir = match open_dir(t) {
-        Ok(dir) => dir,
-        Err(outcome) => return outcome,
-    };
-    match check(r, read_owner(&dir, &t.name)).and_then(|()| last_look(r, look)) {
-        Ok(()) => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
-        Err(outcome) => outcome,
-    }
+fn kept_by(found: &LookFound) -> Outcome {
+    Outcome::LastLookKept { ip_configured: matches!(found, LookFound::IpConfigured { .. }), found: found.to_string() }
 }
 
-fn last_look(r: &Reservation, look: &mut dyn LastLook) -> Result<(), Outcome> {
-    look.before_unlink(r).map_err(|found| Outcome::LastLookKept {
-        ip_configured: matches!(found, LookFound::IpConfigured { .. }),
-        found: found.to_string(),
-    })
+/// Micro-seconds since `t`, for [`ReleaseTimings`].
+fn micros(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-/// Removes the reservation file if it still is the one decided about.
-/// `sync_dir`: fsync the directory after the unlink (a batch does it once
-/// per directory instead, see `Releaser::release_orphaned`).
-/// `lock_timeout`: how long to wait for the plugin's lock before giving up
-/// with [`Outcome::LockBusy`].
-pub(crate) fn release(
-    r: &Reservation,
-    t: &Target,
-    sync_dir: bool,
+/// Releases a group of files of one network directory: the plugin's lock
+/// is taken once and held across the group; under it, one last look (taken
+/// when the first file passes its re-read) serves every file, and each file
+/// is re-read and compared before its unlink. `dry_run`: no lock (taking it
+/// could create the lock file), no unlink; the same reads. Outcomes in the
+/// order of `files`. The directory is not fsync'd here (the caller does it
+/// once per directory, after the lock is released).
+pub(crate) fn release_group(
+    network_dir: &Path,
+    files: &[(&Reservation, &ReservationFile)],
     look: &mut dyn LastLook,
-    lock_timeout: std::time::Duration,
-) -> Outcome {
-    let dir = match open_dir(t) {
+    lock_timeout: Duration,
+    dry_run: bool,
+) -> Vec<(Outcome, ReleaseTimings)> {
+    let all = |outcome: Outcome| files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
+    let dir = match open_dir(network_dir) {
         Ok(dir) => dir,
-        Err(outcome) => return outcome,
+        Err(outcome) => return all(outcome),
     };
-    let lock_file = match dir.open_lock(LOCK_FILE) {
-        Ok(file) => file,
-        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Outcome::Anomalous { kind: AnomalyKind::Symlink, detail: "the lock file is a symlink".into() };
-        }
-        Err(e) => return Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
-    };
-    let outcome = {
-        let _guard = match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
-            Ok(Ok(guard)) => guard,
+    let lock_wait = Instant::now();
+    let _guard = if dry_run {
+        None
+    } else {
+        let lock_file = match dir.open_lock(LOCK_FILE) {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                let detail = "the lock file is a symlink".to_owned();
+                return all(Outcome::Anomalous { kind: AnomalyKind::Symlink, detail });
+            }
+            Err(e) => {
+                return all(Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", network_dir.display()) });
+            }
+        };
+        match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
+            Ok(Ok(guard)) => Some(guard),
             Ok(Err(busy_lock)) => {
-                return Outcome::LockBusy {
-                    lock: t.network_dir.join(LOCK_FILE),
+                return all(Outcome::LockBusy {
+                    lock: network_dir.join(LOCK_FILE),
                     waited_ms: lock_timeout.as_millis() as u64,
                     holders: FlockGuard::holders(&busy_lock),
-                };
+                });
             }
-            Err(e) => return Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", t.network_dir.display()) },
-        };
-        // Critical section: re-read, compare, the last look, unlink.
-        match check(r, read_owner(&dir, &t.name)).and_then(|()| last_look(r, look)) {
-            Ok(()) => match dir.unlink(&t.name) {
-                Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
-                Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", r.path.display()) },
-            },
-            Err(outcome) => outcome,
+            Err(e) => {
+                return all(Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", network_dir.display()) });
+            }
         }
     };
-    if sync_dir
-        && outcome.released()
-        && let Err(e) = dir.sync()
-    {
-        tracing::warn!(dir = %t.network_dir.display(), "fsync after release: {e}");
+    let lock_wait_us = micros(lock_wait);
+    // Critical section: per file, re-read and compare, the group's one last
+    // look (asked now that the lock is held), the unlink.
+    let mut sighting: Option<(Result<Sighting, LookFound>, u64)> = None;
+    let mut out = Vec::with_capacity(files.len());
+    for (r, f) in files {
+        let mut timings = ReleaseTimings { lock_us: lock_wait_us, ..ReleaseTimings::default() };
+        let reread = Instant::now();
+        let checked = check(r, read_owner(&dir, &f.name));
+        timings.reread_us = micros(reread);
+        let outcome = if let Err(outcome) = checked {
+            outcome
+        } else {
+            let (seen, took_us) = sighting.get_or_insert_with(|| {
+                let t = Instant::now();
+                let seen = look.look();
+                (seen, micros(t))
+            });
+            timings.look_us = *took_us;
+            let found = match seen {
+                Ok(seen) => seen.keeps(r),
+                Err(unavailable) => Some(unavailable.clone()),
+            };
+            match found {
+                Some(found) => kept_by(&found),
+                None if dry_run => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
+                None => {
+                    let unlink = Instant::now();
+                    let outcome = match dir.unlink(&f.name) {
+                        Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
+                        Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", r.path.display()) },
+                    };
+                    timings.unlink_us = micros(unlink);
+                    outcome
+                }
+            }
+        };
+        out.push((outcome, timings));
     }
-    outcome
+    out
 }
 
 /// fsyncs a network directory so its unlinks are durable.
-pub(crate) fn sync_network_dir(network_dir: &std::path::Path) {
+pub(crate) fn sync_network_dir(network_dir: &Path) {
     if let Err(e) = Dir::open(network_dir).and_then(|d| d.sync()) {
         tracing::warn!(dir = %network_dir.display(), "fsync after releases: {e}");
     }
@@ -168,7 +201,12 @@ pub(crate) fn sync_network_dir(network_dir: &std::path::Path) {
 /// Other IPs the attachment (container ID, ifname) still holds in this
 /// network (dual stack, or a release that failed half-way), so its cache
 /// entry is still needed. An unknown ifname (legacy file) matches any.
-pub(crate) fn other_ips_of(container_id: &str, ifname: Option<&str>, t: &Target, except: IpAddr) -> Vec<IpAddr> {
+pub(crate) fn other_ips_of(
+    container_id: &str,
+    ifname: Option<&str>,
+    t: &ReservationFile,
+    except: IpAddr,
+) -> Vec<IpAddr> {
     let (Ok(dir), Ok(entries)) = (Dir::open(&t.network_dir), std::fs::read_dir(&t.network_dir)) else {
         return Vec::new();
     };

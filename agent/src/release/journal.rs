@@ -28,7 +28,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::outcome::Outcome;
+use super::outcome::{Outcome, ReleaseTimings};
 use crate::{engine::Verdict, ipam::safefs::FlockGuard, timefmt};
 
 /// Default state dir (`--state-dir`).
@@ -78,6 +78,9 @@ pub struct OutcomeRecord {
     /// The fresh verdict, when the intent was re-verified after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverified: Option<Verdict>,
+    /// How long its parts took (batches; not needed for recovery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timings: Option<ReleaseTimings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -359,12 +362,22 @@ impl Journal {
 
     /// Records what became of each intent, with one fsync for all.
     pub fn record_outcomes(&mut self, outcomes: &[(&str, &Outcome)]) -> Result<(), JournalError> {
+        let untimed: Vec<(&str, &Outcome, Option<ReleaseTimings>)> =
+            outcomes.iter().map(|(id, outcome)| (*id, *outcome, None)).collect();
+        self.record_timed_outcomes(&untimed)
+    }
+
+    /// Like [`Journal::record_outcomes`], each with how long its parts took.
+    pub fn record_timed_outcomes(
+        &mut self,
+        outcomes: &[(&str, &Outcome, Option<ReleaseTimings>)],
+    ) -> Result<(), JournalError> {
         let at = SystemTime::now();
         let open: std::collections::HashSet<&str> = self.pending.iter().map(|i| i.id.as_str()).collect();
-        if let Some((id, _)) = outcomes.iter().find(|(id, _)| !open.contains(id)) {
+        if let Some((id, ..)) = outcomes.iter().find(|(id, ..)| !open.contains(id)) {
             return Err(JournalError::UnknownIntent((*id).to_owned()));
         }
-        let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, _)| *id).collect();
+        let done: std::collections::HashSet<&str> = outcomes.iter().map(|(id, ..)| *id).collect();
         // Settled before the write, so a rotation right after it does not
         // carry them; put back in their places if the write fails.
         let mut settled: Vec<(usize, Intent)> = Vec::new();
@@ -376,11 +389,12 @@ impl Journal {
             }
         }
         // One record at a time: a batch of outcomes is never held encoded.
-        let records = outcomes.iter().map(|(id, outcome)| OutcomeRecord {
+        let records = outcomes.iter().map(|(id, outcome, timings)| OutcomeRecord {
             id: (*id).to_owned(),
             at,
             outcome: (*outcome).clone(),
             reverified: None,
+            timings: *timings,
         });
         let result = self.write_records_durably(records.map(RecordOut::Outcome));
         if let Err(e) = result {
@@ -420,6 +434,7 @@ impl Journal {
             at: SystemTime::now(),
             outcome: outcome.clone(),
             reverified: reverified.cloned(),
+            timings: None,
         };
         let line = Self::encode(&Record::Outcome(record))?;
         let intent = self.pending.remove(pos);

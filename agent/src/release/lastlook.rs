@@ -4,12 +4,16 @@
 //! running. The decision was made on the model, which lags by whatever is
 //! still queued; the last look rests on this moment's kernel.
 //!
-//! The kernel is asked anew under each file's lock. A look shared by a
-//! batch is not enough: the spin model (`verify/`) found that a file
-//! re-created at once for the same container (the inode reused, the coarse
-//! mtime the same) passes the identity check under the lock, and its IP may
-//! have been configured after a look taken earlier. Asked under the lock,
-//! the kernel's answer postdates anything the plugin did to that file.
+//! The kernel is asked under the network's lock, after it is taken. A look
+//! shared by a batch *before* the lock is not enough: the spin model
+//! (`verify/`) found that a file re-created at once for the same container
+//! (the inode reused, the coarse mtime the same) passes the identity check
+//! under the lock, and its IP may have been configured after a look taken
+//! earlier. One look taken under a lock that is then held across a group of
+//! unlinks of that network is sound (`verify/release.pml`, the group
+//! protocol): while the lock is held no plugin of that network can write a
+//! file, so the answer postdates anything the plugin did to any file of the
+//! group, and a run still in flight is seen in flight.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -21,9 +25,57 @@ use std::{
 
 use crate::{ipam::Reservation, netlink::query::Querier};
 
-/// Checked right before each unlink; `Err(why)` keeps the reservation.
+/// The kernel, asked right before unlinks.
 pub trait LastLook: Send {
-    fn before_unlink(&mut self, r: &Reservation) -> Result<(), LookFound>;
+    /// One look at the kernel, now. Taken under a network's lock and held
+    /// across that network's group of unlinks, it serves every file of the
+    /// group. `Err`: the kernel could not be asked (keeps every file).
+    fn look(&mut self) -> Result<Sighting, LookFound>;
+
+    /// One look for one reservation; `Err(why)` keeps it.
+    fn before_unlink(&mut self, r: &Reservation) -> Result<(), LookFound> {
+        self.look()?.keeps(r).map_or(Ok(()), Err)
+    }
+}
+
+/// What one look saw: where IPs are configured, which CNI runs are going.
+#[derive(Debug, Clone, Default)]
+pub struct Sighting {
+    /// IP -> where it is configured.
+    ips: HashMap<IpAddr, Vec<String>>,
+    /// CNI_CONTAINERID of running plugin processes -> pid.
+    running: HashMap<String, u32>,
+    /// Containers the ledger has a CNI run in flight for.
+    ledger_in_flight: HashSet<String>,
+}
+
+impl Sighting {
+    /// A look that saw nothing (tests and tools that must not ask).
+    #[must_use]
+    pub fn nothing() -> Self {
+        Self::default()
+    }
+
+    /// A look that saw `ip` configured in `place` (tests).
+    #[must_use]
+    pub fn with_ip(ip: IpAddr, place: String) -> Self {
+        Self { ips: HashMap::from([(ip, vec![place])]), ..Self::default() }
+    }
+
+    /// What keeps `r`, if anything.
+    #[must_use]
+    pub fn keeps(&self, r: &Reservation) -> Option<LookFound> {
+        if let Some(places) = self.ips.get(&r.ip) {
+            return Some(LookFound::IpConfigured { netns: places.clone() });
+        }
+        if let Some(&pid) = self.running.get(r.container_id.as_str()) {
+            return Some(LookFound::CniRunInFlight { pid: Some(pid) });
+        }
+        if self.ledger_in_flight.contains(r.container_id.as_str()) {
+            return Some(LookFound::CniRunInFlight { pid: None });
+        }
+        None
+    }
 }
 
 /// What the last look found that keeps a reservation.
@@ -55,8 +107,8 @@ impl std::fmt::Display for LookFound {
 pub struct NoLook;
 
 impl LastLook for NoLook {
-    fn before_unlink(&mut self, _: &Reservation) -> Result<(), LookFound> {
-        Ok(())
+    fn look(&mut self) -> Result<Sighting, LookFound> {
+        Ok(Sighting::nothing())
     }
 }
 
@@ -70,13 +122,6 @@ pub struct KernelLook {
     ledger_in_flight: HashSet<String>,
     cni_bin_dirs: Vec<PathBuf>,
     proc_root: PathBuf,
-}
-
-struct Gathered {
-    /// IP -> where it is configured.
-    ips: HashMap<IpAddr, Vec<String>>,
-    /// CNI_CONTAINERID of running plugin processes -> pid.
-    running: HashMap<String, u32>,
 }
 
 /// Default CNI plugin directories.
@@ -93,7 +138,7 @@ impl KernelLook {
         Self { known_nsids, known_inodes, ledger_in_flight, cni_bin_dirs, proc_root: PathBuf::from("/proc") }
     }
 
-    fn gather(&self) -> Result<Gathered, String> {
+    fn gather(&self) -> Result<Sighting, String> {
         let mut q = Querier::open().map_err(|e| e.to_string())?;
         let mut ips: HashMap<IpAddr, Vec<String>> = HashMap::new();
         let mut add = |list: Vec<IpAddr>, place: String| {
@@ -137,7 +182,7 @@ impl KernelLook {
                 running.insert(cid, pid);
             }
         }
-        Ok(Gathered { ips, running })
+        Ok(Sighting { ips, running, ledger_in_flight: self.ledger_in_flight.clone() })
     }
 }
 
@@ -171,17 +216,7 @@ impl Default for KernelLook {
 }
 
 impl LastLook for KernelLook {
-    fn before_unlink(&mut self, r: &Reservation) -> Result<(), LookFound> {
-        let gathered = self.gather().map_err(|error| LookFound::Unavailable { error })?;
-        if let Some(places) = gathered.ips.get(&r.ip) {
-            return Err(LookFound::IpConfigured { netns: places.clone() });
-        }
-        if let Some(&pid) = gathered.running.get(r.container_id.as_str()) {
-            return Err(LookFound::CniRunInFlight { pid: Some(pid) });
-        }
-        if self.ledger_in_flight.contains(r.container_id.as_str()) {
-            return Err(LookFound::CniRunInFlight { pid: None });
-        }
-        Ok(())
+    fn look(&mut self) -> Result<Sighting, LookFound> {
+        self.gather().map_err(|error| LookFound::Unavailable { error })
     }
 }

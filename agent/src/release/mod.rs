@@ -5,15 +5,17 @@
 //! - [`journal`]: the crash-safe journal in the state dir.
 //! - `hostlocal`: the host-local releaser (the plugin's own flock).
 //! - `cache`: removal of the released attachment's CNI cache entry.
-//! - [`report`]: scan reports and releasing exactly what a reviewed one lists.
+//! - [`lastlook`]: the kernel, asked under the lock right before unlinks.
+//! - [`reviewed_report`]: scan reports and releasing exactly what a reviewed
+//!   one lists.
 
 mod cache;
 mod hostlocal;
 pub mod journal;
 pub mod lastlook;
 pub mod outcome;
-pub mod report;
 pub mod retry;
+pub mod reviewed_report;
 
 use std::{
     collections::HashMap,
@@ -25,8 +27,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::{
     journal::{DEFAULT_STATE_DIR, Intent, Journal, JournalError},
-    outcome::Outcome,
-    report::{release_reviewed, scan_report},
+    outcome::{Outcome, ReleaseTimings},
+    reviewed_report::{release_reviewed, scan_report},
 };
 use crate::{
     engine::{Status, Verdict},
@@ -138,15 +140,18 @@ impl Releaser {
         if verdict.status != Status::Orphaned {
             return Ok(refused(format!("verdict is {}, not orphaned", verdict.status)));
         }
-        if let Err(reason) = hostlocal::target(&verdict.reservation, &self.config.host_local_dirs) {
+        if let Err(reason) = hostlocal::reservation_file(&verdict.reservation, &self.config.host_local_dirs) {
             return Ok(refused(reason));
         }
+        let fsync = std::time::Instant::now();
         let intent = self.journal.record_intent(verdict, dry_run)?;
+        let intent_fsync_us = micros(fsync);
         if self.config.abort_after_intent {
             std::process::abort();
         }
-        let outcome = self.execute(&verdict.reservation, dry_run);
-        self.journal.record_outcome(&intent.id, &outcome, None)?;
+        let (outcome, mut timings) = self.execute_timed(&verdict.reservation, dry_run);
+        timings.intent_fsync_us = intent_fsync_us;
+        self.journal.record_timed_outcomes(&[(intent.id.as_str(), &outcome, Some(timings))])?;
         log_outcome(&verdict.reservation, &outcome, dry_run);
         Ok(ReleaseRecord { intent_id: Some(intent.id), dry_run, verdict: verdict.clone(), outcome, reverified: None })
     }
@@ -157,6 +162,8 @@ impl Releaser {
     /// unlink before its outcome) with three fsyncs per batch instead of
     /// three per release, and which other IPs an attachment still holds (to
     /// keep its cache entry) is read from the scan instead of the disk.
+    /// Each network's lock is taken once for its group of files, with one
+    /// last look under it (`hostlocal::release_group`).
     pub fn release_orphaned(&mut self, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
         let orphans: Vec<&Verdict> = verdicts.iter().filter(|v| v.is_orphaned()).collect();
         if orphans.len() <= 1 {
@@ -166,8 +173,8 @@ impl Releaser {
         let mut records = Vec::with_capacity(orphans.len());
         let mut accepted = Vec::with_capacity(orphans.len());
         for v in orphans {
-            match hostlocal::target(&v.reservation, &self.config.host_local_dirs) {
-                Ok(_) => accepted.push(v),
+            match hostlocal::reservation_file(&v.reservation, &self.config.host_local_dirs) {
+                Ok(file) => accepted.push((v, file)),
                 Err(reason) => records.push(ReleaseRecord {
                     intent_id: None,
                     dry_run,
@@ -177,7 +184,10 @@ impl Releaser {
                 }),
             }
         }
-        let intents = self.journal.record_intents(&accepted, dry_run)?;
+        let fsync = std::time::Instant::now();
+        let chosen: Vec<&Verdict> = accepted.iter().map(|(v, _)| *v).collect();
+        let intents = self.journal.record_intents(&chosen, dry_run)?;
+        let intent_fsync_us = micros(fsync);
         if self.config.abort_after_intent {
             std::process::abort();
         }
@@ -188,47 +198,60 @@ impl Releaser {
                 .or_default()
                 .push(&v.reservation);
         }
-        let mut outcomes = Vec::with_capacity(accepted.len());
-        let mut touched: Vec<PathBuf> = Vec::new();
-        // A network whose lock stayed busy is not waited for again in this
-        // batch: the others must not queue behind a stuck plugin.
-        let mut busy: Vec<Outcome> = Vec::new();
-        for v in &accepted {
-            let r = &v.reservation;
-            let dir = r.path.parent().unwrap_or(Path::new(""));
-            let others: Vec<IpAddr> = held
-                .get(&(dir, r.container_id.as_str()))
-                .into_iter()
-                .flatten()
-                .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
-                .map(|o| o.ip)
-                .collect();
-            let busy_here =
-                busy.iter().find(|b| matches!(b, Outcome::LockBusy { lock, .. } if lock.parent() == Some(dir)));
-            let outcome = match busy_here {
-                Some(earlier) => earlier.clone(),
-                None => self.execute_with(r, dry_run, Some(others), false),
-            };
-            if busy_here.is_none() && matches!(outcome, Outcome::LockBusy { .. }) {
-                busy.push(outcome.clone());
+        // Groups by network directory, in the batch's order.
+        let mut groups: Vec<(&Path, Vec<usize>)> = Vec::new();
+        for (i, (_, file)) in accepted.iter().enumerate() {
+            match groups.iter_mut().find(|(dir, _)| *dir == file.network_dir.as_path()) {
+                Some((_, members)) => members.push(i),
+                None => groups.push((file.network_dir.as_path(), vec![i])),
             }
-            if outcome.released() {
-                if let Some(list) = held.get_mut(&(dir, r.container_id.as_str())) {
+        }
+        let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
+        let mut results: Vec<Option<(Outcome, ReleaseTimings)>> = vec![None; accepted.len()];
+        for (dir, members) in &groups {
+            let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
+                members.iter().map(|&i| (&accepted[i].0.reservation, &accepted[i].1)).collect();
+            let mut outcomes = hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run);
+            if !dry_run && outcomes.iter().any(|(o, _)| o.released()) {
+                let sync = std::time::Instant::now();
+                hostlocal::sync_network_dir(dir);
+                let dir_fsync_us = micros(sync);
+                for (_, t) in &mut outcomes {
+                    t.dir_fsync_us = dir_fsync_us;
+                }
+            }
+            for (&i, (outcome, mut timings)) in members.iter().zip(outcomes) {
+                timings.intent_fsync_us = intent_fsync_us;
+                let (v, file) = &accepted[i];
+                let r = &v.reservation;
+                let attachment = (file.network_dir.as_path(), r.container_id.as_str());
+                let others: Vec<IpAddr> = held
+                    .get(&attachment)
+                    .into_iter()
+                    .flatten()
+                    .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
+                    .map(|o| o.ip)
+                    .collect();
+                let outcome = self.with_cache(r, file, outcome, dry_run, Some(others));
+                if outcome.released()
+                    && let Some(list) = held.get_mut(&attachment)
+                {
                     list.retain(|o| o.ip != r.ip);
                 }
-                if !touched.iter().any(|t| t == dir) {
-                    touched.push(dir.to_path_buf());
-                }
+                log_outcome(r, &outcome, dry_run);
+                results[i] = Some((outcome, timings));
             }
-            log_outcome(r, &outcome, dry_run);
-            outcomes.push(outcome);
         }
-        for dir in &touched {
-            hostlocal::sync_network_dir(dir);
-        }
-        let pairs: Vec<(&str, &Outcome)> = intents.iter().map(|i| i.id.as_str()).zip(outcomes.iter()).collect();
-        self.journal.record_outcomes(&pairs)?;
-        for ((intent, v), outcome) in intents.into_iter().zip(accepted).zip(outcomes) {
+        let results: Vec<(Outcome, ReleaseTimings)> = results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| (Outcome::Failed { error: "not attempted".into() }, ReleaseTimings::default()))
+            })
+            .collect();
+        let timed: Vec<(&str, &Outcome, Option<ReleaseTimings>)> =
+            intents.iter().zip(&results).map(|(i, (o, t))| (i.id.as_str(), o, Some(*t))).collect();
+        self.journal.record_timed_outcomes(&timed)?;
+        for ((intent, (v, _)), (outcome, _)) in intents.into_iter().zip(accepted).zip(results) {
             records.push(ReleaseRecord {
                 intent_id: Some(intent.id),
                 dry_run,
@@ -262,7 +285,7 @@ impl Releaser {
                     Outcome::Refused { reason: "re-verification judged a different reservation".into() }
                 } else if fresh.status != Status::Orphaned {
                     Outcome::Kept { status: fresh.status, reason: fresh.summary() }
-                } else if let Err(reason) = hostlocal::target(reservation, &self.config.host_local_dirs) {
+                } else if let Err(reason) = hostlocal::reservation_file(reservation, &self.config.host_local_dirs) {
                     Outcome::Refused { reason }
                 } else {
                     self.execute(reservation, false)
@@ -282,31 +305,42 @@ impl Releaser {
         Ok(records)
     }
 
-    /// The store work: file under the plugin's lock, then the cache entry.
+    /// The store work for one reservation: its file under the plugin's
+    /// lock (a group of one, the directory fsync'd), then the cache entry.
     fn execute(&mut self, r: &Reservation, dry_run: bool) -> Outcome {
-        self.execute_with(r, dry_run, None, true)
+        self.execute_timed(r, dry_run).0
     }
 
-    /// `still_held`: the attachment's other IPs when the caller knows them
-    /// (a batch); None reads them from the store.
-    fn execute_with(
-        &mut self,
-        r: &Reservation,
-        dry_run: bool,
-        still_held: Option<Vec<IpAddr>>,
-        sync_dir: bool,
-    ) -> Outcome {
-        let target = match hostlocal::target(r, &self.config.host_local_dirs) {
-            Ok(t) => t,
-            Err(reason) => return Outcome::Refused { reason },
+    /// [`Releaser::execute`], with how long its parts took.
+    fn execute_timed(&mut self, r: &Reservation, dry_run: bool) -> (Outcome, ReleaseTimings) {
+        let file = match hostlocal::reservation_file(r, &self.config.host_local_dirs) {
+            Ok(file) => file,
+            Err(reason) => return (Outcome::Refused { reason }, ReleaseTimings::default()),
         };
         let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
-        let look = self.look.as_mut();
-        let mut outcome = if dry_run {
-            hostlocal::would_release(r, &target, look)
-        } else {
-            hostlocal::release(r, &target, sync_dir, look, lock_timeout)
-        };
+        let (outcome, mut timings) =
+            hostlocal::release_group(&file.network_dir, &[(r, &file)], self.look.as_mut(), lock_timeout, dry_run)
+                .pop()
+                .unwrap_or_else(|| (Outcome::Failed { error: "no outcome".into() }, ReleaseTimings::default()));
+        if !dry_run && outcome.released() {
+            let sync = std::time::Instant::now();
+            hostlocal::sync_network_dir(&file.network_dir);
+            timings.dir_fsync_us = micros(sync);
+        }
+        (self.with_cache(r, &file, outcome, dry_run, None), timings)
+    }
+
+    /// The libcni cache entry of a released (or already gone) reservation.
+    /// `still_held`: the attachment's other IPs when the caller knows them
+    /// (a batch); None reads them from the store.
+    fn with_cache(
+        &self,
+        r: &Reservation,
+        file: &hostlocal::ReservationFile,
+        mut outcome: Outcome,
+        dry_run: bool,
+        still_held: Option<Vec<IpAddr>>,
+    ) -> Outcome {
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.
         let wants_cache =
@@ -318,7 +352,7 @@ impl Releaser {
         let still_held = match still_held {
             _ if entries.is_empty() => Vec::new(),
             Some(known) => known,
-            None => hostlocal::other_ips_of(&r.container_id, r.ifname.as_deref(), &target, r.ip),
+            None => hostlocal::other_ips_of(&r.container_id, r.ifname.as_deref(), file, r.ip),
         };
         let (entries, mut notes) = if entries.is_empty() || still_held.is_empty() {
             (entries, notes)
@@ -352,6 +386,11 @@ impl Releaser {
         }
         outcome
     }
+}
+
+/// Micro-seconds since `t`.
+fn micros(t: std::time::Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// At debug: the agent logs each release once where it reports it (its

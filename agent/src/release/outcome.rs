@@ -6,6 +6,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::{engine::Status, ipam::AnomalyKind};
 
+/// How long the parts of one release took, in micro-seconds, as journaled
+/// with its outcome (the bench reads them). Parts shared by a group (the
+/// lock, the last look) or a batch (the intents' fsync, the directory's)
+/// are given to each of its releases; a part not reached is 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseTimings {
+    /// The write and fdatasync of the batch's intents (the outcomes' write
+    /// is the same kind, after the unlinks).
+    pub intent_fsync_us: u64,
+    /// Opening the network's lock and waiting for it.
+    pub lock_us: u64,
+    /// Re-reading the file and comparing owner, inode and mtime.
+    pub reread_us: u64,
+    /// The last look (once per group, under the lock).
+    pub look_us: u64,
+    pub unlink_us: u64,
+    /// fsync of the network directory after the group's unlinks.
+    pub dir_fsync_us: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Outcome {

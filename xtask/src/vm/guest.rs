@@ -268,7 +268,8 @@ fn expected_events(probes: &[ProbeRow]) -> Vec<&'static str> {
 /// active kind of probe: tracepoints always, fexit `copy_net_ns` (creation)
 /// and fentry `__put_net` (death) where the kernel runs them. A new netns is
 /// made every couple of seconds until one is seen, since when the probes
-/// are attached is not known from outside.
+/// are attached is not known from outside. The syscall tracepoints (which
+/// see `unshare`) load only with `probes.attribution`, so it is turned on.
 fn events(netreap: &Path, probes: &[ProbeRow]) -> StepOutcome {
     let want = expected_events(probes);
     let label = format!("netreap run events ({})", want.join(", "));
@@ -281,6 +282,7 @@ fn events(netreap: &Path, probes: &[ProbeRow]) -> StepOutcome {
     }
     let spawned = Command::new(netreap)
         .args(["run", "--dry-run", "--events", "-", "--metrics-addr", "127.0.0.1:0"])
+        .args(["--probes-attribution", "true"])
         .arg("--host-local-dir")
         .arg(&dirs[0])
         .arg("--cni-cache-dir")
