@@ -1,4 +1,4 @@
-//! The decision rule of DESIGN.md, as a pure function of (observations,
+//! The decision rule (README, "What it does"), as a pure function of (observations,
 //! reservation, now, policy).
 //!
 //! IN USE if: its IP is configured in a live netns; its container is bound

@@ -41,7 +41,7 @@ pub enum DeathSource {
     /// last known alive.
     Superseded,
     /// Recorded by an earlier run of netreap, and the kernel no longer
-    /// lists it (see `identity` in DESIGN.md): it died while netreap was
+    /// lists it (see agent/src/identity.rs): it died while netreap was
     /// down. Dated by when that run last knew it alive.
     WhileDown,
 }
