@@ -284,7 +284,10 @@ fn ip_configured_in_another_live_netns_is_a_conflict() {
     // Give a release every chance to (wrongly) happen.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(lab.reservations("nete").len(), 1, "a conflict is never released");
-    assert!(agent.events_named("release").is_empty());
+    // A release attempt the last look stopped (the model had not yet seen
+    // the squatter's address) is allowed; a release is not.
+    let releases = agent.events_named("release");
+    assert!(releases.iter().all(|e| e["outcome"] == "kept_by_last_look"), "{releases:#?}\nlog:\n{}", agent.log());
     let ev = &agent.events_named("conflict")[0];
     assert_eq!(ev["reserved_by"], owner.container_id.as_str());
     assert!(agent.metrics().contains("netreap_conflicts_total"));

@@ -21,9 +21,14 @@ use std::{
     net::IpAddr,
     os::{fd::AsRawFd as _, unix::fs::MetadataExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
-use crate::{ipam::Reservation, netlink::query::Querier};
+use crate::{
+    discovery::{DiscoveryPaths, MountReader, mount_candidates, open_any},
+    ipam::Reservation,
+    netlink::query::Querier,
+};
 
 /// The kernel, asked right before unlinks.
 pub trait LastLook: Send {
@@ -122,6 +127,11 @@ pub struct KernelLook {
     ledger_in_flight: HashSet<String>,
     cni_bin_dirs: Vec<PathBuf>,
     proc_root: PathBuf,
+    /// Where netns bind mounts are found: a netns mounted by `ip netns add`
+    /// holds no process and may have no nsid yet, and the model may not
+    /// have seen it (its mount scan is debounced; without the attribution
+    /// probes its creation is not reported). None: not looked at (tests).
+    mounts: Option<DiscoveryPaths>,
 }
 
 /// Default CNI plugin directories.
@@ -135,7 +145,22 @@ impl KernelLook {
         ledger_in_flight: HashSet<String>,
         cni_bin_dirs: Vec<PathBuf>,
     ) -> Self {
-        Self { known_nsids, known_inodes, ledger_in_flight, cni_bin_dirs, proc_root: PathBuf::from("/proc") }
+        Self {
+            known_nsids,
+            known_inodes,
+            ledger_in_flight,
+            cni_bin_dirs,
+            proc_root: PathBuf::from("/proc"),
+            mounts: None,
+        }
+    }
+
+    /// Also asks about every netns bind-mounted in this mount table that
+    /// the model does not know.
+    #[must_use]
+    pub fn with_mount_table(mut self, paths: DiscoveryPaths) -> Self {
+        self.mounts = Some(paths);
+        self
     }
 
     fn gather(&self) -> Result<Sighting, String> {
@@ -162,9 +187,33 @@ impl KernelLook {
             }
             seen_nsids.insert(nsid);
         }
+        let mut looked: HashSet<u64> = HashSet::new();
+        // Bind-mounted netns the model does not know yet. A table that
+        // cannot be read keeps the reservation (the look is unavailable).
+        if let Some(paths) = &self.mounts {
+            let mut reader = MountReader::new(Arc::default());
+            let mounts = reader.mounts(paths, true).map_err(|e| e.to_string())?;
+            for (&inode, sighting) in mounts {
+                if self.known_inodes.contains(&u64::from(inode)) || !looked.insert(u64::from(inode)) {
+                    continue;
+                }
+                let Some((fd, path)) = open_any(inode, &mount_candidates(paths, &sighting.bind_mounts)) else {
+                    continue; // unmounted meanwhile: gone, or found by nsid above
+                };
+                // A netns we hold open but cannot ask about: keep (unavailable).
+                let nsid = q
+                    .nsid_of(fd.as_raw_fd(), true)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("no nsid for the netns mounted at {}", path.display()))?;
+                if seen_nsids.insert(nsid)
+                    && let Some(list) = q.addresses(Some(nsid)).map_err(|e| e.to_string())?
+                {
+                    add(list, format!("netns net:[{inode}] nsid {nsid} mounted at {}", path.display()));
+                }
+            }
+        }
         // Netns of processes the model does not know yet.
         let mut running = HashMap::new();
-        let mut looked: HashSet<u64> = HashSet::new();
         for (pid, inode, exe) in processes(&self.proc_root) {
             if !self.known_inodes.contains(&inode) && looked.insert(inode) {
                 let path = self.proc_root.join(pid.to_string()).join("ns/net");
