@@ -28,7 +28,8 @@ pub enum StreamError {
     NotAnObject,
 }
 
-enum Target {
+/// Where event lines go.
+enum Sink {
     Stdout(io::Stdout),
     File(BufWriter<File>),
     Rotating(Rotating),
@@ -115,18 +116,18 @@ fn rename_if_present(from: &Path, to: &Path) -> io::Result<()> {
 
 /// Writes events as JSON lines; each line is flushed, so a crash loses none.
 pub struct EventStream {
-    target: Target,
+    sink: Sink,
 }
 
 impl EventStream {
     #[must_use]
     pub fn stdout() -> Self {
-        Self { target: Target::Stdout(io::stdout()) }
+        Self { sink: Sink::Stdout(io::stdout()) }
     }
 
     /// Appends to `path` (created if missing).
     pub fn file(path: &Path) -> Result<Self, StreamError> {
-        Ok(Self { target: Target::File(BufWriter::new(open_append(path)?)) })
+        Ok(Self { sink: Sink::File(BufWriter::new(open_append(path)?)) })
     }
 
     /// Appends to `path` (created if missing); before a line would take it
@@ -134,7 +135,7 @@ impl EventStream {
     /// to `<path>.<keep>`, dropping the oldest) and starts a new one. Lines
     /// are never split across files.
     pub fn file_rotating(path: &Path, max_bytes: u64, keep: u32) -> Result<Self, StreamError> {
-        Ok(Self { target: Target::Rotating(Rotating::open(path, max_bytes, keep)?) })
+        Ok(Self { sink: Sink::Rotating(Rotating::open(path, max_bytes, keep)?) })
     }
 
     /// `-` is stdout; anything else a file.
@@ -151,13 +152,13 @@ impl EventStream {
     /// Flushes, and for a file also fsyncs: call at shutdown so the last
     /// events survive a power loss too.
     pub fn sync(&mut self) -> Result<(), StreamError> {
-        match &mut self.target {
-            Target::Stdout(out) => out.flush()?,
-            Target::File(file) => {
+        match &mut self.sink {
+            Sink::Stdout(out) => out.flush()?,
+            Sink::File(file) => {
                 file.flush()?;
                 file.get_ref().sync_data()?;
             }
-            Target::Rotating(r) => r.file.sync_data()?,
+            Sink::Rotating(r) => r.file.sync_data()?,
         }
         Ok(())
     }
@@ -178,17 +179,17 @@ impl EventStream {
         }
         bytes.remove(fields_at);
         bytes.push(b'\n');
-        match &mut self.target {
-            Target::Stdout(out) => {
+        match &mut self.sink {
+            Sink::Stdout(out) => {
                 let mut out = out.lock();
                 out.write_all(&bytes)?;
                 out.flush()?;
             }
-            Target::File(file) => {
+            Sink::File(file) => {
                 file.write_all(&bytes)?;
                 file.flush()?;
             }
-            Target::Rotating(r) => r.write_line(&bytes)?,
+            Sink::Rotating(r) => r.write_line(&bytes)?,
         }
         Ok(())
     }
