@@ -19,6 +19,10 @@ use crate::engine::{Fact, Policy, Status, Verdict};
 
 /// How long CNI exits are gathered before the reconcile they trigger.
 pub const CNI_EXIT_COALESCE: Duration = Duration::from_millis(20);
+/// Successful CNI runs that can change no verdict still bring their new
+/// reservations into `/state`, `scan` and the events: at most one reconcile
+/// a second for all of them.
+pub const QUIET_EXIT_COALESCE: Duration = Duration::from_secs(1);
 
 /// A requeue is never sooner than this after the reconcile that set it: a
 /// grace that "ran out" by a clock step must not make the loop spin.
@@ -83,8 +87,12 @@ impl Triggers {
     /// soon, with whatever else finishes meanwhile, when that can change a
     /// verdict.
     pub fn cni_exited(&mut self, failed: bool) {
+        let soon = Instant::now() + CNI_EXIT_COALESCE;
         if failed || self.waiting_on_runs || self.death_during_runs {
-            self.coalesced_at.get_or_insert_with(|| Instant::now() + CNI_EXIT_COALESCE);
+            // Sooner than a quiet exit's reconcile already armed.
+            self.coalesced_at = Some(self.coalesced_at.map_or(soon, |at| at.min(soon)));
+        } else {
+            self.coalesced_at.get_or_insert_with(|| Instant::now() + QUIET_EXIT_COALESCE);
         }
     }
 
@@ -218,27 +226,37 @@ mod tests {
         assert_eq!((t.coalesced_at(), t.requeue_at()), (None, None));
     }
 
+    /// A reconcile soon (the coalescing window), not a quiet exit's.
+    fn soon(t: &Triggers) -> bool {
+        t.coalesced_at().is_some_and(|at| at <= Instant::now() + CNI_EXIT_COALESCE)
+    }
+
+    /// A reconcile only within a second (a quiet exit's).
+    fn quiet(t: &Triggers) -> bool {
+        t.coalesced_at().is_some_and(|at| at > Instant::now() + QUIET_EXIT_COALESCE / 2)
+    }
+
     #[test]
-    fn only_runs_that_can_change_a_verdict_ask_for_a_reconcile() {
+    fn only_runs_that_can_change_a_verdict_ask_for_a_reconcile_soon() {
         let mut t = Triggers::default();
         t.cni_exited(false);
-        assert!(t.coalesced_at().is_none(), "a healthy pod's ADD or DEL asks for nothing");
+        assert!(quiet(&t), "a healthy pod's ADD or DEL asks for one within a second, for /state");
         t.cni_exited(true);
-        assert!(t.coalesced_at().is_some(), "a failed run does");
+        assert!(soon(&t), "a failed run asks soon, even after a quiet one");
         // A verdict waits on a run: its end matters.
         t.reconciled(None, true, true);
         t.cni_exited(false);
-        assert!(t.coalesced_at().is_some());
+        assert!(soon(&t));
         // A death while runs were in flight: what they wrote was not seen.
         t.reconciled(None, false, true);
         t.netns_died(true);
         t.cni_exited(false);
-        assert!(t.coalesced_at().is_some());
+        assert!(soon(&t));
         t.reconciled(None, false, true);
         t.cni_exited(false);
-        assert!(t.coalesced_at().is_some(), "until a reconcile runs with no run in flight");
+        assert!(soon(&t), "until a reconcile runs with no run in flight");
         t.reconciled(None, false, false);
         t.cni_exited(false);
-        assert!(t.coalesced_at().is_none());
+        assert!(quiet(&t));
     }
 }
