@@ -12,6 +12,7 @@ mod publish;
 mod reconcile;
 pub mod restore;
 mod runtime;
+mod targeted;
 mod triggers;
 
 use std::{
@@ -33,7 +34,10 @@ use self::{
 use crate::{
     config::Config,
     engine::{Policy, Status},
-    ipam::{cnicache::CniCache, hostlocal::HostLocalStore},
+    ipam::{
+        cnicache::{CacheReader, CniCache},
+        hostlocal::HostLocalStore,
+    },
     kernel::{cni_runs::CniRunFilter, probes::Probes, stream::KernelStream},
     ledger::{Ledger, StatResolver},
     model::{ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
@@ -54,7 +58,11 @@ struct Agent {
     ledger: Ledger,
     model: ModelHandle,
     stores: Vec<HostLocalStore>,
-    cache: CniCache,
+    /// The CNI cache, read again only where its files changed (shared
+    /// with the blocking pool, where it is scanned).
+    cache: Arc<Mutex<CacheReader>>,
+    /// What the last full pass found, for the death path.
+    known: targeted::Known,
     /// None while a release batch runs on the blocking pool (it owns it).
     releaser: Option<Releaser>,
     /// Which orphans to attempt now: once per verdict change, failures
@@ -138,7 +146,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ledger: Ledger::new(),
         model: watcher.handle(),
         stores: config.host_local_dirs.iter().map(HostLocalStore::new).collect(),
-        cache: CniCache::new(config.cni_cache_dir.clone()),
+        cache: Arc::new(Mutex::new(CacheReader::new(CniCache::new(config.cni_cache_dir.clone())))),
+        known: targeted::Known::default(),
         releaser: Some(Releaser::new(journal, releaser_config)),
         gate: RetryGate::new(),
         release_done,
@@ -226,11 +235,13 @@ impl Agent {
                 death = deaths.recv() => {
                     let Some(death) = death else { anyhow::bail!("the netns model stopped") };
                     let mut runs_concerned = self.on_death(&death)?;
+                    let mut died = vec![death];
                     while let Ok(more) = deaths.try_recv() {
                         runs_concerned |= self.on_death(&more)?;
+                        died.push(more);
                     }
                     self.triggers.netns_died(runs_concerned);
-                    self.reconcile(Reason::NetnsDied).await?;
+                    self.reconcile_deaths(&died).await?;
                 }
                 Some(()) = runtime_events.recv() => {
                     while runtime_events.try_recv().is_ok() {}
