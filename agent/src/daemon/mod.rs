@@ -49,6 +49,11 @@ use crate::{
 /// when set to 1 the process aborts right after the first intent is fsync'd.
 pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
+/// Measurement only: when set to 1 every death runs a full reconcile, as
+/// before the death path existed (the latency bench compares both in one
+/// binary, on one machine's load).
+pub const FULL_RECONCILE_PER_DEATH_ENV: &str = "NETREAP_BENCH_FULL_RECONCILE_PER_DEATH";
+
 struct Agent {
     config: Config,
     policy: Policy,
@@ -88,6 +93,8 @@ struct Agent {
     memory: Memory,
     /// Resolves CNI_NETNS paths (through the host's root in a container).
     resolver: StatResolver,
+    /// Every death runs a full reconcile ([`FULL_RECONCILE_PER_DEATH_ENV`]).
+    full_reconcile_per_death: bool,
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
@@ -156,6 +163,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         verdicts: HashMap::new(),
         cache_first_seen: evidence::FirstSeen::new(),
         anomalies: std::collections::HashSet::new(),
+        full_reconcile_per_death: std::env::var(FULL_RECONCILE_PER_DEATH_ENV).is_ok_and(|v| v == "1"),
         cni_filter: CniRunFilter::new(&config.cni_bin_dirs),
         cni_anomalies_logged: std::collections::HashSet::new(),
         attachments_dirty: false,
@@ -241,7 +249,11 @@ impl Agent {
                         died.push(more);
                     }
                     self.triggers.netns_died(runs_concerned);
-                    self.reconcile_deaths(&died).await?;
+                    if self.full_reconcile_per_death {
+                        self.reconcile(Reason::NetnsDied).await?;
+                    } else {
+                        self.reconcile_deaths(&died).await?;
+                    }
                 }
                 Some(()) = runtime_events.recv() => {
                     while runtime_events.try_recv().is_ok() {}
