@@ -103,16 +103,56 @@ impl Life {
 /// With `nsid` (resolved with the inode at the CNI run), only incarnations
 /// that agree with it; it also finds a netns the model knew only by nsid.
 pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
-    let resolved = NetnsId::new(Some(inode), nsid, None);
-    let ids: Vec<NetnsId> = snapshot
-        .netns
-        .iter()
-        .filter(|v| v.id().may_be(&resolved))
-        .map(Life::of)
-        .filter(|l| l.held_inode_at(at))
-        .map(|l| l.id)
-        .collect();
-    if ids.is_empty() { vec![resolved] } else { ids }
+    Incarnations::new(snapshot).at(inode, nsid, at)
+}
+
+/// The snapshot's netns by inode and by nsid, so that resolving every
+/// binding of a node stays linear: [`incarnations_at`] for many lookups.
+struct Incarnations<'a> {
+    netns: &'a [NetnsView],
+    by_inode: HashMap<u64, Vec<usize>>,
+    by_nsid: HashMap<i32, Vec<usize>>,
+}
+
+impl<'a> Incarnations<'a> {
+    fn new(snapshot: &'a ModelSnapshot) -> Self {
+        let (mut by_inode, mut by_nsid): (HashMap<u64, Vec<usize>>, HashMap<i32, Vec<usize>>) = Default::default();
+        for (i, v) in snapshot.netns.iter().enumerate() {
+            if let Some(inode) = v.inode {
+                by_inode.entry(u64::from(inode)).or_default().push(i);
+            }
+            if let Some(nsid) = v.nsid {
+                by_nsid.entry(nsid).or_default().push(i);
+            }
+        }
+        Self { netns: &snapshot.netns, by_inode, by_nsid }
+    }
+
+    /// See [`incarnations_at`]. `may_be` needs a shared inode or nsid, so
+    /// only the netns filed under them can match; they are taken in the
+    /// snapshot's order, as a walk of all of them would.
+    fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
+        let resolved = NetnsId::new(Some(inode), nsid, None);
+        let mut found: Vec<usize> = self
+            .by_inode
+            .get(&inode)
+            .into_iter()
+            .flatten()
+            .chain(nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten())
+            .copied()
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        let ids: Vec<NetnsId> = found
+            .into_iter()
+            .map(|i| &self.netns[i])
+            .filter(|v| v.id().may_be(&resolved))
+            .map(Life::of)
+            .filter(|l| l.held_inode_at(at))
+            .map(|l| l.id)
+            .collect();
+        if ids.is_empty() { vec![resolved] } else { ids }
+    }
 }
 
 /// The containers a netns that just died was bound to (for its death event).
@@ -142,6 +182,7 @@ pub fn observations(
 ) -> Observations {
     let mut obs = Observations { watching_since, ..Observations::default() };
     let containers = ContainerIndex::new(ledger, cache);
+    let incarnations = Incarnations::new(snapshot);
     for view in &snapshot.netns {
         let life = Life::of(view);
         let container_ids = containers.containers_of(&life, &view.bind_mounts);
@@ -163,7 +204,7 @@ pub fn observations(
         let netns: Vec<NetnsName> = match (a.pinned, a.netns_inode, &a.netns_path) {
             (Some(id), _, _) => vec![NetnsName::Id(id)],
             (None, Some(inode), _) => {
-                incarnations_at(snapshot, inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
+                incarnations.at(inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
             }
             (None, None, Some(path)) => vec![NetnsName::Path(PathBuf::from(path))],
             (None, None, None) => Vec::new(),
@@ -201,7 +242,7 @@ pub fn observations(
             exit_code: None,
         });
     }
-    add_cache_bindings(&mut obs, snapshot, ledger, cache, cache_first_seen);
+    add_cache_bindings(&mut obs, &incarnations, ledger, cache, cache_first_seen);
     obs
 }
 
@@ -213,7 +254,7 @@ pub fn observations(
 /// and the runtime writes the cache after the plugins returned.
 fn add_cache_bindings(
     obs: &mut Observations,
-    snapshot: &ModelSnapshot,
+    incarnations: &Incarnations<'_>,
     ledger: &Ledger,
     cache: &[CachedAttachment],
     first_seen: Option<&FirstSeen>,
@@ -227,10 +268,9 @@ fn add_cache_bindings(
         });
         let refs: Vec<(NetnsName, SystemTime)> = match resolved {
             Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsName::Id(pinned), bound_at)],
-            Some(((inode, bound_at), None, nsid)) => incarnations_at(snapshot, inode, nsid, bound_at)
-                .into_iter()
-                .map(|id| (NetnsName::Id(id), bound_at))
-                .collect(),
+            Some(((inode, bound_at), None, nsid)) => {
+                incarnations.at(inode, nsid, bound_at).into_iter().map(|id| (NetnsName::Id(id), bound_at)).collect()
+            }
             None => {
                 let seen =
                     first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
@@ -500,5 +540,40 @@ mod tests {
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(13), &crate::engine::Policy::default());
         assert_eq!(verdict.status, Status::Orphaned, "{}", verdict.summary());
+    }
+
+    /// The indexed lookup finds what a walk over every netns finds, in the
+    /// same order.
+    #[test]
+    fn incarnations_by_index_equal_a_walk_over_every_netns() {
+        use proptest::prelude::*;
+        fn walk(snapshot: &ModelSnapshot, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
+            let resolved = NetnsId::new(Some(inode), nsid, None);
+            let ids: Vec<NetnsId> = snapshot
+                .netns
+                .iter()
+                .filter(|v| v.id().may_be(&resolved))
+                .map(Life::of)
+                .filter(|l| l.held_inode_at(at))
+                .map(|l| l.id)
+                .collect();
+            if ids.is_empty() { vec![resolved] } else { ids }
+        }
+        let a_view = (prop::option::of(1u32..4), prop::option::of(1i32..4), 0u64..30, prop::option::of(0u64..30))
+            .prop_map(|(inode, nsid, first, died)| {
+                let mut v = view(inode.unwrap_or(1), nsid.unwrap_or(1), first, died, None);
+                v.inode = inode;
+                v.nsid = nsid;
+                v
+            });
+        let cases = (prop::collection::vec(a_view, 0..8), 1u64..4, prop::option::of(1i32..4), 0u64..30);
+        proptest!(ProptestConfig::with_cases(2000), |((netns, inode, nsid, at) in cases)| {
+            let snapshot =
+                ModelSnapshot { taken_at: t(40), netns, host_routes: Vec::new(), stats: ModelStats::default() };
+            prop_assert_eq!(
+                Incarnations::new(&snapshot).at(inode, nsid, t(at)),
+                walk(&snapshot, inode, nsid, t(at))
+            );
+        });
     }
 }

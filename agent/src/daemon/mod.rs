@@ -12,6 +12,7 @@ mod publish;
 mod reconcile;
 pub mod restore;
 mod runtime;
+mod targeted;
 mod triggers;
 
 use std::{
@@ -33,7 +34,10 @@ use self::{
 use crate::{
     config::Config,
     engine::{Policy, Status},
-    ipam::{cnicache::CniCache, hostlocal::HostLocalStore},
+    ipam::{
+        cnicache::{CacheReader, CniCache},
+        hostlocal::HostLocalStore,
+    },
     kernel::{cni_runs::CniRunFilter, probes::Probes, stream::KernelStream},
     ledger::{Ledger, StatResolver},
     model::{ModelHandle, Watcher, WatcherConfig, snapshot::NetnsDeath},
@@ -45,6 +49,11 @@ use crate::{
 /// when set to 1 the process aborts right after the first intent is fsync'd.
 pub const CRASH_AFTER_INTENT_ENV: &str = "NETREAP_TEST_CRASH_AFTER_INTENT";
 
+/// Measurement only: when set to 1 every death runs a full reconcile, as
+/// before the death path existed (the latency bench compares both in one
+/// binary, on one machine's load).
+pub const FULL_RECONCILE_PER_DEATH_ENV: &str = "NETREAP_BENCH_FULL_RECONCILE_PER_DEATH";
+
 struct Agent {
     config: Config,
     policy: Policy,
@@ -54,7 +63,11 @@ struct Agent {
     ledger: Ledger,
     model: ModelHandle,
     stores: Vec<HostLocalStore>,
-    cache: CniCache,
+    /// The CNI cache, read again only where its files changed (shared
+    /// with the blocking pool, where it is scanned).
+    cache: Arc<Mutex<CacheReader>>,
+    /// What the last full pass found, for the death path.
+    known: targeted::Known,
     /// None while a release batch runs on the blocking pool (it owns it).
     releaser: Option<Releaser>,
     /// Which orphans to attempt now: once per verdict change, failures
@@ -80,6 +93,8 @@ struct Agent {
     memory: Memory,
     /// Resolves CNI_NETNS paths (through the host's root in a container).
     resolver: StatResolver,
+    /// Every death runs a full reconcile ([`FULL_RECONCILE_PER_DEATH_ENV`]).
+    full_reconcile_per_death: bool,
     /// Anomalies already reported (path), so each is reported once.
     anomalies: std::collections::HashSet<String>,
     state: Arc<Mutex<StateDoc>>,
@@ -138,7 +153,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         ledger: Ledger::new(),
         model: watcher.handle(),
         stores: config.host_local_dirs.iter().map(HostLocalStore::new).collect(),
-        cache: CniCache::new(config.cni_cache_dir.clone()),
+        cache: Arc::new(Mutex::new(CacheReader::new(CniCache::new(config.cni_cache_dir.clone())))),
+        known: targeted::Known::default(),
         releaser: Some(Releaser::new(journal, releaser_config)),
         gate: RetryGate::new(),
         release_done,
@@ -147,6 +163,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         verdicts: HashMap::new(),
         cache_first_seen: evidence::FirstSeen::new(),
         anomalies: std::collections::HashSet::new(),
+        full_reconcile_per_death: std::env::var(FULL_RECONCILE_PER_DEATH_ENV).is_ok_and(|v| v == "1"),
         cni_filter: CniRunFilter::new(&config.cni_bin_dirs),
         cni_anomalies_logged: std::collections::HashSet::new(),
         attachments_dirty: false,
@@ -226,11 +243,17 @@ impl Agent {
                 death = deaths.recv() => {
                     let Some(death) = death else { anyhow::bail!("the netns model stopped") };
                     let mut runs_concerned = self.on_death(&death)?;
+                    let mut died = vec![death];
                     while let Ok(more) = deaths.try_recv() {
                         runs_concerned |= self.on_death(&more)?;
+                        died.push(more);
                     }
                     self.triggers.netns_died(runs_concerned);
-                    self.reconcile(Reason::NetnsDied).await?;
+                    if self.full_reconcile_per_death {
+                        self.reconcile(Reason::NetnsDied).await?;
+                    } else {
+                        self.reconcile_deaths(&died).await?;
+                    }
                 }
                 Some(()) = runtime_events.recv() => {
                     while runtime_events.try_recv().is_ok() {}

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use super::{
     Agent, evidence,
     knowledge::Restored,
-    reconcile::{Observed, Reconciled},
+    reconcile::{Change, Observed, Reconciled},
     runtime::{self, ChangeKind, SourceChange, StuckChanges},
 };
 use crate::{
@@ -148,16 +148,7 @@ impl Agent {
             warn!(path = %a.path, kind = ?a.kind, "not a reservation, left untouched: {}", a.detail);
             self.events.emit(SystemTime::now(), &Event::Anomaly(a))?;
         }
-        for c in &changed {
-            let v = &verdicts[c.index];
-            let pod = c.pod.as_ref();
-            self.events.emit(SystemTime::now(), &Event::VerdictChanged(VerdictChanged::new(v, c.before, pod)))?;
-            if v.status == Status::Conflict {
-                self.metrics.conflict();
-                warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {v}");
-                self.events.emit(SystemTime::now(), &Event::Conflict(Conflict::verdict(v, pod)))?;
-            }
-        }
+        self.publish_changes(&verdicts, &changed)?;
         for record in &whereabouts {
             let cid = &record.verdict.reservation.container_id;
             let pod = observed.runtime.as_ref().and_then(|v| v.pod_of(cid));
@@ -179,6 +170,41 @@ impl Agent {
             took_ms = started.elapsed().as_millis() as u64,
             "reconciled"
         );
+        Ok(())
+    }
+
+    /// What a targeted pass (the death path) found: the verdicts that
+    /// changed. `/state` and the reservation counts wait for the full
+    /// reconcile that follows it.
+    pub(super) fn publish_targeted(
+        &mut self,
+        started: std::time::Instant,
+        verdicts: &[Verdict],
+        changed: &[Change],
+    ) -> anyhow::Result<()> {
+        self.publish_changes(verdicts, changed)?;
+        debug!(
+            reason = "netns_died",
+            targeted = true,
+            reservations = verdicts.len(),
+            took_us = started.elapsed().as_micros() as u64,
+            "reconciled"
+        );
+        Ok(())
+    }
+
+    /// One event per verdict that changed, and a conflict's own.
+    fn publish_changes(&mut self, verdicts: &[Verdict], changed: &[Change]) -> anyhow::Result<()> {
+        for c in changed {
+            let v = &verdicts[c.index];
+            let pod = c.pod.as_ref();
+            self.events.emit(SystemTime::now(), &Event::VerdictChanged(VerdictChanged::new(v, c.before, pod)))?;
+            if v.status == Status::Conflict {
+                self.metrics.conflict();
+                warn!(ip = %v.reservation.ip, network = %v.reservation.network, "conflict: {v}");
+                self.events.emit(SystemTime::now(), &Event::Conflict(Conflict::verdict(v, pod)))?;
+            }
+        }
         Ok(())
     }
 

@@ -12,12 +12,13 @@ use std::{
 use super::{
     Agent, evidence,
     runtime::{self, SourceChange, StuckChanges},
+    targeted::{self, DeathKey},
     triggers::{self, Reason},
 };
 use crate::{
     engine::{Observations, PodRef, Status, Verdict, decide, decide_one},
     ipam::{Anomaly, ReservationStore, scan_all},
-    model::snapshot::ModelSnapshot,
+    model::snapshot::{ModelSnapshot, NetnsDeath},
     release::{ReleaseError, ReleaseRecord, Releaser, lastlook::KernelLook},
     telemetry::event::ReleaseReason,
 };
@@ -54,6 +55,16 @@ pub(super) struct Observed {
     pub stuck: Option<StuckChanges>,
 }
 
+/// Which reservations a pass judged: the retry gate forgets only what a
+/// pass judged and found no longer orphaned.
+#[derive(Debug, Clone, Copy)]
+enum Judged {
+    /// A full reconcile: every reservation.
+    All,
+    /// A targeted pass: only those it was given.
+    These,
+}
+
 /// A release batch that ran on the blocking pool, with the releaser back.
 pub(super) struct ReleaseDone {
     releaser: Releaser,
@@ -66,21 +77,70 @@ pub(super) struct ReleaseDone {
 impl Agent {
     /// Reconciles and reports.
     pub(super) async fn reconcile(&mut self, reason: Reason) -> anyhow::Result<()> {
-        let reconciled = self.reconcile_quietly(reason).await?;
+        let started = Instant::now();
+        let (obs, observed) = self.observe().await?;
+        self.reconcile_observed(reason, started, obs, observed).await
+    }
+
+    /// A full reconcile on observations already taken.
+    async fn reconcile_observed(
+        &mut self,
+        reason: Reason,
+        started: Instant,
+        obs: Observations,
+        observed: Observed,
+    ) -> anyhow::Result<()> {
+        let reconciled = self.reconcile_quietly(reason, started, obs, observed).await?;
         let waiting_on_runs = reconciled.verdicts.iter().any(triggers::waits_on_runs);
         self.triggers.reconciled(reconciled.requeue, waiting_on_runs, self.ledger.any_running());
         self.publish_reconciled(reconciled)
     }
 
-    async fn reconcile_quietly(&mut self, reason: Reason) -> anyhow::Result<Reconciled> {
+    /// The death path (module `targeted`): judges only the reservations
+    /// these deaths concern, on fresh observations, hands their orphans to
+    /// the releaser, and asks for a full reconcile soon after. When the last
+    /// full pass may have missed a reservation of a concerned container (a
+    /// CNI run of it since), it is a full reconcile at once.
+    pub(super) async fn reconcile_deaths(&mut self, deaths: &[NetnsDeath]) -> anyhow::Result<()> {
         let started = Instant::now();
         let (obs, observed) = self.observe().await?;
+        let keys: Vec<DeathKey> = deaths.iter().map(DeathKey::from).collect();
+        let (containers, ips) = targeted::concerned_keys(&obs, &keys);
+        let candidates = targeted::candidates(&self.known, &containers, &ips);
+        let owners: Vec<&str> =
+            containers.iter().map(String::as_str).chain(candidates.iter().map(|r| r.container_id.as_str())).collect();
+        if targeted::may_have_missed(&obs, &self.known, &owners) {
+            return self.reconcile_observed(Reason::NetnsDied, started, obs, observed).await;
+        }
+        let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
+            targeted::reread(&candidates)
+        } else {
+            tokio::task::spawn_blocking(move || targeted::reread(&candidates)).await?
+        };
+        let now = SystemTime::now();
+        let verdicts = decide(&obs, &reservations, now, &self.policy);
+        let changed = self.changes_among(&verdicts, &obs);
+        self.start_release(&verdicts, &obs, &observed.snapshot, Judged::These);
+        self.triggers.targeted(verdicts.iter().any(triggers::waits_on_runs));
+        self.publish_targeted(started, &verdicts, &changed)?;
+        self.publish_observed(observed)
+    }
+
+    async fn reconcile_quietly(
+        &mut self,
+        reason: Reason,
+        started: Instant,
+        obs: Observations,
+        observed: Observed,
+    ) -> anyhow::Result<Reconciled> {
         let stores = self.stores.clone();
+        let scan_started = SystemTime::now();
         let mut scan = tokio::task::spawn_blocking(move || {
             let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
             scan_all(&stores)
         })
         .await?;
+        self.known = targeted::Known::new(&scan.reservations, scan_started);
         let now = SystemTime::now();
         let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         // whereabouts verdicts follow the host-local ones; each store's
@@ -94,7 +154,7 @@ impl Agent {
         let changed = self.changes(&verdicts, &obs);
         // host-local on the blocking pool (records come back to
         // `on_release_done`); whereabouts here, with its own last look.
-        self.start_release(&verdicts[..local], &obs, &observed.snapshot);
+        self.start_release(&verdicts[..local], &obs, &observed.snapshot, Judged::All);
         let mut whereabouts = Vec::new();
         if self.kube.is_some() {
             let policy = self.policy;
@@ -120,10 +180,14 @@ impl Agent {
     /// Fresh observations: the model, the CNI cache, the ledger, the
     /// runtime and the Kubernetes API.
     pub(super) async fn observe(&mut self) -> anyhow::Result<(Observations, Observed)> {
+        // A directory scan: on the blocking pool, not the event thread, while
+        // the model's worker takes the snapshot.
+        let reader = Arc::clone(&self.cache);
+        let cache = tokio::task::spawn_blocking(move || {
+            reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).scan()
+        });
         let snapshot = Arc::new(self.model.snapshot().await?);
-        // A directory scan: on the blocking pool, not the event thread.
-        let cache_dir = self.cache.clone();
-        let cache = tokio::task::spawn_blocking(move || cache_dir.scan()).await?;
+        let cache = cache.await?;
         let now = SystemTime::now();
         let present: HashSet<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
         self.cache_first_seen.retain(|path, _| present.contains(path));
@@ -174,16 +238,33 @@ impl Agent {
         changed
     }
 
+    /// The verdicts of a targeted pass whose status changed; the others'
+    /// last verdicts stay as they were.
+    fn changes_among(&mut self, verdicts: &[Verdict], obs: &Observations) -> Vec<Change> {
+        let mut changed = Vec::new();
+        for (index, v) in verdicts.iter().enumerate() {
+            let before = self.verdicts.insert(v.reservation.path.clone(), v.status);
+            if before != Some(v.status) {
+                let pod = runtime::pod_of(obs, &v.reservation.container_id).cloned();
+                changed.push(Change { index, before, pod });
+            }
+        }
+        changed
+    }
+
     /// Hands the orphans the retry gate admits to a release batch on the
     /// blocking pool (flock waits and fsyncs stay off the event thread); its
     /// records come back through `release_done`. One batch at a time: while
     /// one runs, orphans wait for the reconcile that follows it.
-    fn start_release(&mut self, verdicts: &[Verdict], obs: &Observations, model: &ModelSnapshot) {
+    fn start_release(&mut self, verdicts: &[Verdict], obs: &Observations, model: &ModelSnapshot, judged: Judged) {
         if self.releaser.is_none() {
             self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
             return;
         }
-        let admitted = self.gate.admit(verdicts, std::time::Instant::now());
+        let admitted = match judged {
+            Judged::All => self.gate.admit(verdicts, std::time::Instant::now()),
+            Judged::These => self.gate.admit_judged(verdicts, std::time::Instant::now()),
+        };
         if admitted.is_empty() {
             return;
         }

@@ -102,6 +102,16 @@ impl Triggers {
         self.death_during_runs |= runs_concerned;
     }
 
+    /// A targeted pass ran (the death path): it judged only what the deaths
+    /// concern, so a full reconcile follows within a second (for `/state`,
+    /// the metrics and what the targeted pass could not find), sooner when a
+    /// quiet exit's is armed already. `waiting_on_runs`: one of its verdicts
+    /// waits on a run in flight.
+    pub fn targeted(&mut self, waiting_on_runs: bool) {
+        self.waiting_on_runs |= waiting_on_runs;
+        self.coalesced_at.get_or_insert_with(|| Instant::now() + QUIET_EXIT_COALESCE);
+    }
+
     /// A reconcile ran: it saw every exit ingested before it. `requeue` is
     /// when its pending verdicts want another look; `waiting_on_runs`
     /// whether a verdict waits on a run in flight; `runs_in_flight` whether

@@ -251,6 +251,152 @@ impl CniCache {
     }
 }
 
+/// How long after its last change a file's timestamps are trusted to show
+/// the next change: file times come from the coarse kernel clock (a jiffy),
+/// so a rewrite within the same tick, of the same size, would look the same.
+/// An entry read this soon after it changed is read again next time.
+const SETTLE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// What identifies one version of an entry's file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    inode: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Self {
+        Self {
+            inode: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// Whether the file last changed at least [`SETTLE`] before `at`.
+    fn settled_before(&self, at: SystemTime) -> bool {
+        let changed = u64::try_from(self.ctime.0).ok().map(|s| {
+            SystemTime::UNIX_EPOCH
+                + std::time::Duration::from_secs(s)
+                + std::time::Duration::from_nanos(u64::try_from(self.ctime.1).unwrap_or(0))
+        });
+        changed.is_some_and(|c| c + SETTLE <= at)
+    }
+}
+
+/// One entry as the last scan read it.
+#[derive(Debug)]
+struct Remembered {
+    stamp: Stamp,
+    /// It had not changed for [`SETTLE`] when it was read: the same stamp
+    /// means the same content.
+    settled: bool,
+    read: Result<Option<CachedAttachment>, (AnomalyKind, String)>,
+}
+
+/// [`CniCache::scan`] for an agent that scans at every reconcile: it lists
+/// the directory and reads again only the entries whose file changed since
+/// the last scan (name, inode, size, mtime and ctime differ, or it had just
+/// changed when it was read). The result is the same as a fresh scan's.
+#[derive(Debug)]
+pub struct CacheReader {
+    cache: CniCache,
+    entries: std::collections::HashMap<String, Remembered>,
+    /// Files read by the last scan (the rest were remembered).
+    last_reads: usize,
+}
+
+impl CacheReader {
+    #[must_use]
+    pub fn new(cache: CniCache) -> Self {
+        Self { cache, entries: std::collections::HashMap::new(), last_reads: 0 }
+    }
+
+    #[must_use]
+    pub fn cache(&self) -> &CniCache {
+        &self.cache
+    }
+
+    /// How many files the last scan read.
+    #[must_use]
+    pub fn last_reads(&self) -> usize {
+        self.last_reads
+    }
+
+    /// Lists every valid entry; anything else is an anomaly.
+    pub fn scan(&mut self) -> CacheScan {
+        let dir_path = self.cache.dir.clone();
+        let store = self.cache.store_ref();
+        let mut out = CacheScan::default();
+        self.last_reads = 0;
+        let listing = Dir::open(&dir_path).and_then(|dir| fs::read_dir(&dir_path).map(|entries| (dir, entries)));
+        let (dir, entries) = match listing {
+            Ok(found) => found,
+            Err(e) => {
+                let kind =
+                    if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
+                out.anomalies.push(Anomaly::new(&store, None, &dir_path, kind, e.to_string()));
+                self.entries.clear();
+                return out;
+            }
+        };
+        let mut kept = std::collections::HashMap::with_capacity(self.entries.len());
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    out.anomalies.push(Anomaly::new(&store, None, &dir_path, AnomalyKind::Unreadable, e.to_string()));
+                    continue;
+                }
+            };
+            let path = entry.path();
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+                out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::UnparsableName, "name is not UTF-8"));
+                continue;
+            };
+            // lstat relative to the listed directory: never follows a link.
+            let stamp = entry.metadata().ok().map(|m| Stamp::of(&m));
+            let before = self.entries.remove(&name);
+            let read = match (before, stamp) {
+                (Some(r), Some(stamp)) if r.settled && r.stamp == stamp => r,
+                (_, stamp) => {
+                    let now = SystemTime::now();
+                    self.last_reads += 1;
+                    let read = read_entry(&dir, &dir_path, &name);
+                    // Unstamped: reported, never remembered.
+                    let Some(stamp) = stamp else {
+                        push_read(&mut out, &store, &path, read);
+                        continue;
+                    };
+                    Remembered { stamp, settled: stamp.settled_before(now), read }
+                }
+            };
+            push_read(&mut out, &store, &path, read.read.clone());
+            kept.insert(name, read);
+        }
+        self.entries = kept;
+        out.attachments.sort_by(|a, b| a.path.cmp(&b.path));
+        out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+}
+
+fn push_read(
+    out: &mut CacheScan,
+    store: &StoreRef,
+    path: &Path,
+    read: Result<Option<CachedAttachment>, (AnomalyKind, String)>,
+) {
+    match read {
+        Ok(Some(attachment)) => out.attachments.push(attachment),
+        Ok(None) => {}
+        Err((kind, detail)) => out.anomalies.push(Anomaly::new(store, None, path, kind, detail)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::fs;
@@ -297,5 +443,37 @@ mod tests {
         assert_eq!(scan.attachments[0].network, "net1");
         let kinds: Vec<_> = scan.anomalies.iter().map(|a| a.kind).collect();
         assert_eq!(kinds, [AnomalyKind::MalformedContent, AnomalyKind::Symlink]);
+    }
+
+    /// The reader re-reads only what changed, and its scan is a fresh one's.
+    #[test]
+    fn the_reader_reads_again_only_entries_whose_file_changed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = tmp.path().join("net1-c1-eth0");
+        fs::write(&old, ENTRY).unwrap();
+        fs::write(tmp.path().join("junk"), [0u8, 1, 2]).unwrap();
+        let mut reader = CacheReader::new(CniCache::new(tmp.path()));
+        let first = reader.scan();
+        assert_eq!(first, CniCache::new(tmp.path()).scan());
+        assert_eq!(reader.last_reads(), 2);
+        // Just written: read again (its timestamps cannot tell yet).
+        assert_eq!(reader.scan(), first);
+        assert_eq!(reader.last_reads(), 2);
+        std::thread::sleep(SETTLE + std::time::Duration::from_millis(20));
+        assert_eq!(reader.scan(), first);
+        assert_eq!(reader.last_reads(), 2, "read once more after settling");
+        assert_eq!(reader.scan(), first);
+        assert_eq!(reader.last_reads(), 0, "settled and unchanged: nothing read");
+        // A new entry and a rewritten one are read; a removed one is gone.
+        let second = ENTRY.replace("c1", "c2").replace("10.1.0.2/24", "10.1.0.3/24");
+        fs::write(tmp.path().join("net1-c2-eth0"), second).unwrap();
+        fs::write(&old, ENTRY.replace("cni-1", "cni-9")).unwrap();
+        fs::remove_file(tmp.path().join("junk")).unwrap();
+        let third = reader.scan();
+        assert_eq!(reader.last_reads(), 2);
+        assert_eq!(third, CniCache::new(tmp.path()).scan());
+        assert_eq!(third.attachments.len(), 2);
+        assert_eq!(third.attachments[0].netns.as_deref(), Some("/var/run/netns/cni-9"));
+        assert!(third.anomalies.is_empty());
     }
 }

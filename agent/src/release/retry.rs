@@ -74,9 +74,22 @@ impl RetryGate {
     /// change), and returns the orphaned verdicts to attempt now, marking
     /// them in flight until [`RetryGate::settle`] hears of them.
     pub fn admit(&mut self, verdicts: &[Verdict], now: Instant) -> Vec<Verdict> {
+        self.admit_among(verdicts, now, |_| true)
+    }
+
+    /// [`RetryGate::admit`] for a pass that judged only these reservations
+    /// (the daemon's death path): what it did not judge stays as it was.
+    pub fn admit_judged(&mut self, verdicts: &[Verdict], now: Instant) -> Vec<Verdict> {
+        let judged: HashSet<&PathBuf> = verdicts.iter().map(|v| &v.reservation.path).collect();
+        self.admit_among(verdicts, now, |path| judged.contains(path))
+    }
+
+    /// `admit`, forgetting only entries `judged` says the verdicts cover.
+    fn admit_among(&mut self, verdicts: &[Verdict], now: Instant, judged: impl Fn(&PathBuf) -> bool) -> Vec<Verdict> {
         let orphans: HashMap<&PathBuf, &Verdict> =
             verdicts.iter().filter(|v| v.is_orphaned()).map(|v| (&v.reservation.path, v)).collect();
-        self.entries.retain(|path, e| orphans.get(path).is_some_and(|v| Identity::of(v) == e.identity));
+        self.entries
+            .retain(|path, e| !judged(path) || orphans.get(path).is_some_and(|v| Identity::of(v) == e.identity));
         let mut admitted = Vec::new();
         for v in verdicts.iter().filter(|v| v.is_orphaned()) {
             let attempts = match self.entries.get(&v.reservation.path).map(|e| e.state) {
