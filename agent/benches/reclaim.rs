@@ -713,8 +713,11 @@ impl Drop for BridgeGuard {
 /// file; `PODS_PER_BRIDGE` per bridge): once the agent has seen them all in
 /// use, its CPU over `REST_SECONDS` with nothing happening, and its memory.
 fn rest() -> Value {
+    // A smaller node for a quick look (profiling): NETREAP_BENCH_REST_PODS.
+    let rest_pods: usize =
+        std::env::var("NETREAP_BENCH_REST_PODS").ok().and_then(|v| v.parse().ok()).unwrap_or(REST_PODS);
     let lab = Lab::new("10.249.16.0/24");
-    let bridges = REST_PODS.div_ceil(PODS_PER_BRIDGE);
+    let bridges = rest_pods.div_ceil(PODS_PER_BRIDGE);
     let mut guards = Vec::new();
     let mut nets = Vec::new();
     for b in 0..bridges {
@@ -733,7 +736,7 @@ fn rest() -> Value {
     let pid = agent_pid();
     let setup = Instant::now();
     let cpu_setup0 = cpu_seconds(pid);
-    let mut pods: Vec<Pod> = (0..REST_PODS).map(|_| lab.pod()).collect();
+    let mut pods: Vec<Pod> = (0..rest_pods).map(|_| lab.pod()).collect();
     std::thread::scope(|s| {
         let jobs: Vec<_> = pods
             .chunks(PODS_PER_BRIDGE)
@@ -761,7 +764,7 @@ fn rest() -> Value {
     let mut in_use = 0;
     while Instant::now() < deadline {
         in_use = verdict_count(&agent, "in_use");
-        if in_use == REST_PODS {
+        if in_use == rest_pods {
             break;
         }
         std::thread::sleep(Duration::from_secs(2));
@@ -787,7 +790,7 @@ fn rest() -> Value {
     }
     drop(guards);
     json!({
-        "pods": REST_PODS,
+        "pods": rest_pods,
         "bridges": bridges,
         "in_use_seen": in_use,
         "setup_s": setup_s,

@@ -98,24 +98,16 @@ impl Life {
     }
 }
 
-/// The incarnations that may have held `inode` at `at`. None known: the
-/// inode alone (it then matches any holder, which keeps).
-/// With `nsid` (resolved with the inode at the CNI run), only incarnations
-/// that agree with it; it also finds a netns the model knew only by nsid.
-pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
-    Incarnations::new(snapshot).at(inode, nsid, at)
-}
-
 /// The snapshot's netns by inode and by nsid, so that resolving every
-/// binding of a node stays linear: [`incarnations_at`] for many lookups.
-struct Incarnations<'a> {
+/// binding of a node stays linear.
+pub(crate) struct Incarnations<'a> {
     netns: &'a [NetnsView],
     by_inode: HashMap<u64, Vec<usize>>,
     by_nsid: HashMap<i32, Vec<usize>>,
 }
 
 impl<'a> Incarnations<'a> {
-    fn new(snapshot: &'a ModelSnapshot) -> Self {
+    pub(crate) fn new(snapshot: &'a ModelSnapshot) -> Self {
         let (mut by_inode, mut by_nsid): (HashMap<u64, Vec<usize>>, HashMap<i32, Vec<usize>>) = Default::default();
         for (i, v) in snapshot.netns.iter().enumerate() {
             if let Some(inode) = v.inode {
@@ -128,10 +120,15 @@ impl<'a> Incarnations<'a> {
         Self { netns: &snapshot.netns, by_inode, by_nsid }
     }
 
-    /// See [`incarnations_at`]. `may_be` needs a shared inode or nsid, so
+    /// The incarnations that may have held `inode` at `at`. None known: the
+    /// inode alone (it then matches any holder, which keeps). With `nsid`
+    /// (resolved with the inode at the CNI run), only incarnations that agree
+    /// with it; it also finds a netns the model knew only by nsid.
+    ///
+    /// `may_be` needs a shared inode or nsid, so
     /// only the netns filed under them can match; they are taken in the
     /// snapshot's order, as a walk of all of them would.
-    fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
+    pub(crate) fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
         let mut found: Vec<usize> = self
             .by_inode
@@ -152,6 +149,33 @@ impl<'a> Incarnations<'a> {
             .map(|l| l.id)
             .collect();
         if ids.is_empty() { vec![resolved] } else { ids }
+    }
+
+    /// Positions of the netns sharing `id`'s inode or nsid, in order.
+    fn sharing(&self, id: &NetnsId) -> Vec<usize> {
+        if id.inode.is_none() && id.nsid.is_none() {
+            // Nothing to look up by: every netns is a candidate.
+            return (0..self.netns.len()).collect();
+        }
+        let mut found: Vec<usize> =
+            id.inode.and_then(|i| self.by_inode.get(&i)).into_iter().flatten().copied().collect();
+        found.extend(id.nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten());
+        found.sort_unstable();
+        found.dedup();
+        found
+    }
+
+    /// The netns that may be `id` ([`NetnsId::may_be`]), in the snapshot's order.
+    pub(crate) fn may_be(&self, id: NetnsId) -> impl Iterator<Item = &'a NetnsView> + '_ {
+        self.sharing(&id).into_iter().map(|i| &self.netns[i]).filter(move |v| v.id().may_be(&id))
+    }
+
+    /// The netns that are exactly one of `ids`, in the snapshot's order.
+    pub(crate) fn exactly(&self, ids: &[NetnsId]) -> Vec<&'a NetnsView> {
+        let mut found: Vec<usize> = ids.iter().flat_map(|id| self.sharing(id)).collect();
+        found.sort_unstable();
+        found.dedup();
+        found.into_iter().map(|i| &self.netns[i]).filter(|v| ids.contains(&v.id())).collect()
     }
 }
 
@@ -570,10 +594,20 @@ mod tests {
         proptest!(ProptestConfig::with_cases(2000), |((netns, inode, nsid, at) in cases)| {
             let snapshot =
                 ModelSnapshot { taken_at: t(40), netns, host_routes: Vec::new(), stats: ModelStats::default() };
-            prop_assert_eq!(
-                Incarnations::new(&snapshot).at(inode, nsid, t(at)),
-                walk(&snapshot, inode, nsid, t(at))
-            );
+            let index = Incarnations::new(&snapshot);
+            prop_assert_eq!(index.at(inode, nsid, t(at)), walk(&snapshot, inode, nsid, t(at)));
+            // The lookups the saved knowledge makes, against walks too.
+            let id = NetnsId::new(Some(inode), nsid, None);
+            let may_be: Vec<NetnsId> = index.may_be(id).map(NetnsView::id).collect();
+            let walked: Vec<NetnsId> = snapshot.netns.iter().map(NetnsView::id).filter(|v| v.may_be(&id)).collect();
+            prop_assert_eq!(may_be, walked);
+            let all: Vec<NetnsId> = snapshot.netns.iter().map(NetnsView::id).collect();
+            let mut exact: Vec<NetnsId> = index.exactly(&all[..all.len() / 2]).into_iter().map(NetnsView::id).collect();
+            let mut expected: Vec<NetnsId> =
+                snapshot.netns.iter().map(NetnsView::id).filter(|v| all[..all.len() / 2].contains(v)).collect();
+            exact.dedup();
+            expected.dedup();
+            prop_assert_eq!(exact, expected);
         });
     }
 }

@@ -4,6 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use super::evidence::Incarnations;
 use crate::{
     engine::observations::DeadNetns,
     identity::NetnsId,
@@ -20,16 +21,15 @@ const KEEP_DEAD_FOR: Duration = Duration::from_hours(24);
 
 /// The incarnation a binding names, as the model sees it now.
 fn incarnation(
-    snapshot: &ModelSnapshot,
+    incarnations: &Incarnations<'_>,
     known_dead: &[DeadNetns],
     a: &Attachment,
 ) -> Option<(NetnsId, Option<SystemTime>)> {
     let views: Vec<&NetnsView> = match (a.pinned, a.netns_inode) {
-        (Some(id), _) => snapshot.netns.iter().filter(|v| v.id().may_be(&id)).collect(),
+        (Some(id), _) => incarnations.may_be(id).collect(),
         (None, Some(inode)) => {
             let at = a.netns_bound_at.unwrap_or(a.first_seen);
-            let ids = super::evidence::incarnations_at(snapshot, inode, a.netns_nsid, at);
-            snapshot.netns.iter().filter(|v| ids.iter().any(|id| v.id() == *id)).collect()
+            incarnations.exactly(&incarnations.at(inode, a.netns_nsid, at))
         }
         (None, None) => return None,
     };
@@ -58,9 +58,11 @@ pub fn knowledge_of(
     now: SystemTime,
 ) -> Knowledge {
     let mut bindings = Vec::new();
+    let incarnations = Incarnations::new(snapshot);
     for a in ledger.attachments() {
-        let netns = incarnation(snapshot, known_dead, a);
-        let alive = netns.is_some_and(|(id, died)| died.is_none() && snapshot.alive().any(|v| v.id() == id));
+        let netns = incarnation(&incarnations, known_dead, a);
+        let alive =
+            netns.is_some_and(|(id, died)| died.is_none() && incarnations.exactly(&[id]).iter().any(|v| v.alive));
         let stale = now.duration_since(a.last_seen).unwrap_or_default() > KEEP_DEAD_FOR;
         if stale && !alive {
             continue;
