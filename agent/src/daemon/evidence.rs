@@ -107,6 +107,7 @@ pub(crate) fn incarnations_at(snapshot: &ModelSnapshot, inode: u64, nsid: Option
     let ids: Vec<NetnsId> = snapshot
         .netns
         .iter()
+        .map(std::sync::Arc::as_ref)
         .filter(|v| v.id().may_be(&resolved))
         .map(Life::of)
         .filter(|l| l.held_inode_at(at))
@@ -272,7 +273,6 @@ mod tests {
             host: false,
             alive: died_at.is_none(),
             first_seen: t(first_seen),
-            age_secs: 0,
             died_at: died_at.map(t),
             death_source: None,
             creator: None,
@@ -352,7 +352,7 @@ mod tests {
         let ledger = ledger_with_add("/run/netns/a", 10, 11, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
-            netns: vec![view(77, 2, 30, None, None), view(77, 1, 5, Some(20), Some("10.0.0.2"))],
+            netns: vec![view(77, 2, 30, None, None).into(), view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -374,7 +374,7 @@ mod tests {
         let ledger = ledger_with_add("/var/run/netns/a", 10, 19, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
-            netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2"))],
+            netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -408,7 +408,7 @@ mod tests {
         only_nsid.inode = None;
         let snapshot = ModelSnapshot {
             taken_at: t(3600),
-            netns: vec![only_nsid],
+            netns: vec![only_nsid.into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -447,7 +447,7 @@ mod tests {
         let ledger = ledger_with_add("/run/netns/b", 20, 21, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
-            netns: vec![view(77, 2, 20, None, None), view(77, 1, 5, Some(21), None)],
+            netns: vec![view(77, 2, 20, None, None).into(), view(77, 1, 5, Some(21), None).into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -494,8 +494,12 @@ mod tests {
         ledger.observe(&KernelEvent::CniExit { task: task(11), exit: CniExit::from_wait_status(256) }, t, &InodeNsid);
         let mut gone = view(0, 1, 10, Some(12), Some("10.0.0.2"));
         gone.inode = None;
-        let snapshot =
-            ModelSnapshot { taken_at: t(13), netns: vec![gone], host_routes: Vec::new(), stats: ModelStats::default() };
+        let snapshot = ModelSnapshot {
+            taken_at: t(13),
+            netns: vec![gone.into()],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        };
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(13), &crate::engine::Policy::default());

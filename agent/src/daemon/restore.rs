@@ -25,11 +25,11 @@ fn incarnation(
     a: &Attachment,
 ) -> Option<(NetnsId, Option<SystemTime>)> {
     let views: Vec<&NetnsView> = match (a.pinned, a.netns_inode) {
-        (Some(id), _) => snapshot.netns.iter().filter(|v| v.id().may_be(&id)).collect(),
+        (Some(id), _) => snapshot.netns.iter().map(std::sync::Arc::as_ref).filter(|v| v.id().may_be(&id)).collect(),
         (None, Some(inode)) => {
             let at = a.netns_bound_at.unwrap_or(a.first_seen);
             let ids = super::evidence::incarnations_at(snapshot, inode, a.netns_nsid, at);
-            snapshot.netns.iter().filter(|v| ids.iter().any(|id| v.id() == *id)).collect()
+            snapshot.netns.iter().map(std::sync::Arc::as_ref).filter(|v| ids.iter().any(|id| v.id() == *id)).collect()
         }
         (None, None) => return None,
     };
@@ -165,7 +165,6 @@ mod tests {
             host: false,
             alive: true,
             first_seen: t(first_seen),
-            age_secs: 0,
             died_at: None,
             death_source: None,
             creator: None,
@@ -179,7 +178,12 @@ mod tests {
     }
 
     fn snapshot(views: Vec<NetnsView>) -> ModelSnapshot {
-        ModelSnapshot { taken_at: t(100), netns: views, host_routes: Vec::new(), stats: ModelStats::default() }
+        ModelSnapshot {
+            taken_at: t(100),
+            netns: views.into_iter().map(std::sync::Arc::new).collect(),
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        }
     }
 
     fn saved(inode: u64, nsid: i32) -> SavedBinding {
