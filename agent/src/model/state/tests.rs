@@ -474,3 +474,106 @@ fn a_stale_put_net_record_does_not_kill_the_netns_that_reused_the_inode() {
     let d = deaths(&m.take_actions());
     assert_eq!((d[0].inode, d[0].source), (Some(200), DeathSource::PutNet));
 }
+
+/// The incremental snapshot equals one built from nothing.
+fn same_as_fresh(m: &mut Model, now: SystemTime) -> ModelSnapshot {
+    let snapshot = m.snapshot(now);
+    assert_eq!(snapshot, m.fresh_snapshot(now), "incremental snapshot differs from a fresh one");
+    snapshot
+}
+
+fn view_of(s: &ModelSnapshot, inode: NetnsInode) -> Arc<NetnsView> {
+    s.netns.iter().find(|n| n.alive && n.inode == Some(inode)).cloned().unwrap_or_else(|| panic!("{inode} alive"))
+}
+
+fn host_route(dst: &str, oif: u32) -> Route {
+    Route {
+        family: AF_INET,
+        dst_len: 32,
+        table: RT_TABLE_MAIN,
+        protocol: 3,
+        scope: 253,
+        route_type: RTN_UNICAST,
+        dst: Some(dst.parse().unwrap()),
+        oif: Some(oif),
+        priority: None,
+    }
+}
+
+fn mounted(inode: NetnsInode, path: &str) -> BTreeMap<NetnsInode, Sighting> {
+    BTreeMap::from([(inode, Sighting { bind_mounts: vec![path.into()], ..Sighting::default() })])
+}
+
+#[test]
+fn an_incremental_snapshot_says_what_a_fresh_one_says_across_births_deaths_mounts_and_addresses() {
+    let mut m = synced(100, 7);
+    let t = |s: u64| T0 + Duration::from_secs(s);
+    same_as_fresh(&mut m, t(0));
+    // Pod 100 wired to the host: veth pair, address, host route.
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-a", Some((2, Some(7))))), t(1));
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), t(1));
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)), t(1));
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &host_route("10.1.0.5", 10)), t(1));
+    let first = same_as_fresh(&mut m, t(1));
+    assert_eq!(view_of(&first, 100).host_routes, vec!["10.1.0.5".parse::<IpAddr>().unwrap()]);
+
+    // A birth: netns 200 (nsid 8) and its dumps.
+    open(&mut m, 200, 8);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    let born = same_as_fresh(&mut m, t(2));
+    assert!(Arc::ptr_eq(&view_of(&first, 100), &view_of(&born, 100)), "an unchanged netns's view is shared");
+    // Its wiring, in the host's frame for both ends (as a dump gives it).
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(11, "veth-b", Some((3, Some(8))))), t(3));
+    m.datagram(Some(8), &fake::link(RTM_NEWLINK, 0, &link(3, "eth0", Some((11, Some(0))))), t(3));
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &host_route("10.1.0.6", 11)), t(3));
+    let wired = same_as_fresh(&mut m, t(3));
+    assert!(Arc::ptr_eq(&view_of(&first, 100), &view_of(&wired, 100)), "another pod's wiring leaves it alone");
+
+    // An address change in 200 only.
+    m.datagram(Some(8), &fake::address(RTM_NEWADDR, 0, &addr(3, "10.1.0.6", 24)), t(4));
+    let addressed = same_as_fresh(&mut m, t(4));
+    assert!(Arc::ptr_eq(&view_of(&wired, 100), &view_of(&addressed, 100)));
+    assert!(!Arc::ptr_eq(&view_of(&wired, 200), &view_of(&addressed, 200)));
+    m.datagram(Some(8), &fake::address(RTM_DELADDR, 0, &addr(3, "10.1.0.6", 24)), t(5));
+    same_as_fresh(&mut m, t(5));
+
+    // Mounts: 200 bind-mounted, then unmounted; a full scan with processes.
+    m.scan_done(0, Scope::Mounts, mounted(200, "/run/netns/nrM-b"));
+    let mounted_now = same_as_fresh(&mut m, t(6));
+    assert_eq!(view_of(&mounted_now, 200).bind_mounts, vec![std::path::PathBuf::from("/run/netns/nrM-b")]);
+    m.scan_done(0, Scope::Mounts, BTreeMap::new());
+    same_as_fresh(&mut m, t(7));
+    let full = BTreeMap::from([(100, Sighting { process_count: 2, ..Sighting::default() })]);
+    m.scan_done(0, Scope::Full, full);
+    same_as_fresh(&mut m, t(8));
+
+    // A peer renamed: the pod that shows its name changes with it.
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-a2", Some((2, Some(7))))), t(9));
+    let renamed = same_as_fresh(&mut m, t(9));
+    let eth0 = &view_of(&renamed, 100).interfaces[0];
+    assert_eq!(eth0.link.as_ref().and_then(|l| l.ifname.as_deref()), Some("veth-a2"));
+
+    // A route and a link removed on the host.
+    m.datagram(None, &fake::route(RTM_DELROUTE, 0, &host_route("10.1.0.6", 11)), t(10));
+    same_as_fresh(&mut m, t(10));
+    m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(11, "veth-b", None)), t(10));
+    same_as_fresh(&mut m, t(10));
+
+    // A death, then the nsid reused by a new netns with the old peer's name.
+    m.datagram(None, &fake::nsid(RTM_DELNSID, 0, 7), t(11));
+    assert_eq!(deaths(&m.take_actions()).len(), 1);
+    let after_death = same_as_fresh(&mut m, t(11));
+    assert!(after_death.netns.iter().any(|n| !n.alive && n.inode == Some(100)));
+    open(&mut m, 300, 7);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), t(12));
+    same_as_fresh(&mut m, t(12));
+    m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(10, "veth-a2", None)), t(13));
+    same_as_fresh(&mut m, t(13));
+    // Nothing changed: the same views again, only older.
+    let again = same_as_fresh(&mut m, t(20));
+    let before = same_as_fresh(&mut m, t(30));
+    assert!(again.netns.iter().zip(&before.netns).all(|(a, b)| Arc::ptr_eq(a, b)));
+    let json = serde_json::to_value(&before).unwrap();
+    assert_eq!(json["netns"][0]["age_secs"], 30, "ages are the snapshot's: {json}");
+}
