@@ -226,9 +226,9 @@ pub struct Ledger {
 /// A binding whose netns died.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct DeadBinding {
-    netns_path: Option<String>,
-    netns_inode: Option<u64>,
-    netns_bound_at: Option<SystemTime>,
+    path: Option<String>,
+    inode: Option<u64>,
+    bound_at: Option<SystemTime>,
 }
 
 impl Ledger {
@@ -459,11 +459,7 @@ impl Ledger {
     pub fn netns_died(&mut self, containers: &[String]) {
         for c in containers {
             if let Some(a) = self.by_container.get(c) {
-                let dead = DeadBinding {
-                    netns_path: a.netns_path.clone(),
-                    netns_inode: a.netns_inode,
-                    netns_bound_at: a.netns_bound_at,
-                };
+                let dead = DeadBinding { path: a.netns_path.clone(), inode: a.netns_inode, bound_at: a.netns_bound_at };
                 self.died.insert(c.clone(), dead);
             }
         }
@@ -478,9 +474,8 @@ impl Ledger {
     pub fn forget_dead_bindings(&mut self, now: SystemTime, max_age: std::time::Duration) -> usize {
         let died = std::mem::take(&mut self.died);
         let forgotten = self.forget_dead(now, max_age, |a| {
-            died.get(&a.container_id).is_some_and(|d| {
-                d.netns_path == a.netns_path && d.netns_inode == a.netns_inode && d.netns_bound_at == a.netns_bound_at
-            })
+            died.get(&a.container_id)
+                .is_some_and(|d| d.path == a.netns_path && d.inode == a.netns_inode && d.bound_at == a.netns_bound_at)
         });
         self.died = died;
         let by_container = &self.by_container;

@@ -536,6 +536,12 @@ fn an_incremental_snapshot_says_what_a_fresh_one_says_across_births_deaths_mount
     assert!(!Arc::ptr_eq(&view_of(&wired, 200), &view_of(&addressed, 200)));
     m.datagram(Some(8), &fake::address(RTM_DELADDR, 0, &addr(3, "10.1.0.6", 24)), t(5));
     same_as_fresh(&mut m, t(5));
+    // A host route alone (its link unchanged) changes the pod it leads into.
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &host_route("10.1.0.7", 11)), t(5));
+    let routed = same_as_fresh(&mut m, t(5));
+    assert!(view_of(&routed, 200).host_routes.contains(&"10.1.0.7".parse().unwrap()));
+    m.datagram(None, &fake::route(RTM_DELROUTE, 0, &host_route("10.1.0.7", 11)), t(5));
+    same_as_fresh(&mut m, t(5));
 
     // Mounts: 200 bind-mounted, then unmounted; a full scan with processes.
     m.scan_done(0, Scope::Mounts, mounted(200, "/run/netns/nrM-b"));
