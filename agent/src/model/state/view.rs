@@ -30,8 +30,9 @@ struct Resolver<'a> {
     /// whose own message placed the peer.
     forward: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
     reverse: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
-    /// Host routes by the netns their interface leads into.
-    routes_into: HashMap<NetnsKey, Vec<IpAddr>>,
+    /// Host routes (destination, interface) by the netns their interface
+    /// leads into.
+    routes_into: HashMap<NetnsKey, Vec<(IpAddr, u32)>>,
 }
 
 impl<'a> Resolver<'a> {
@@ -65,7 +66,7 @@ impl<'a> Resolver<'a> {
                 && o != NetnsKey::Host
                 && wanted(o)
             {
-                r.routes_into.entry(o).or_default().push(k.dst);
+                r.routes_into.entry(o).or_default().push((k.dst, k.oif));
             }
         }
         r
@@ -163,12 +164,9 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> 
             scope: AddrScope::from_raw(scope),
         })
         .collect();
-    let mut host_routes = Vec::new();
-    if let Some(routes) = resolver.routes_into.get(&key) {
-        host_routes.clone_from(routes);
-        let host = registry.host();
-        reads.extend(host.routes.keys().filter(|r| routes.contains(&r.dst)).map(|r| (NetnsKey::Host, r.oif)));
-    }
+    let routes = resolver.routes_into.get(&key).map_or(&[][..], Vec::as_slice);
+    let host_routes = routes.iter().map(|&(dst, _)| dst).collect();
+    reads.extend(routes.iter().map(|&(_, oif)| (NetnsKey::Host, oif)));
     let view = NetnsView {
         inode: ns.inode,
         nsid: ns.nsid,
@@ -390,13 +388,10 @@ impl Views {
             let (view, reads) = view(registry, &resolver, key, ns);
             self.keep(key, ns, registry, view, reads);
         }
-        if !changes.routes.is_empty()
-            || !changes.identities.is_empty()
-            || changes.links.iter().any(|(k, _)| *k == NetnsKey::Host)
-            || self.host_routes.len() != registry.host().routes.len()
-        {
-            self.host_routes = host_routes(registry, &resolver);
-        }
+        // Which netns a host route leads into can change with a link of any
+        // netns (a peer placed from the other end): any change rebuilds them
+        // (O(host routes), the host's own table).
+        self.host_routes = host_routes(registry, &resolver);
     }
 
     /// The whole model at `now`: the agent's own netns, the live ones by
