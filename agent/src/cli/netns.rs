@@ -38,7 +38,7 @@ fn age(secs: u64) -> String {
     humantime::format_duration(Duration::from_secs(secs)).to_string()
 }
 
-fn title(n: &NetnsView) -> String {
+fn title(n: &NetnsView, taken_at: std::time::SystemTime) -> String {
     let inode = n.inode.map_or_else(|| "?".to_owned(), |i| i.to_string());
     let nsid = n.nsid.map_or_else(|| "-".to_owned(), |i| i.to_string());
     let state = match (n.host, n.alive) {
@@ -46,11 +46,11 @@ fn title(n: &NetnsView) -> String {
         (false, true) => "alive".to_owned(),
         (false, false) => format!("dead ({:?})", n.death_source),
     };
-    format!("netns {inode}  nsid {nsid}  {state}  age {}", age(n.age_secs))
+    format!("netns {inode}  nsid {nsid}  {state}  age {}", age(n.age_secs(taken_at)))
 }
 
-fn render_one(out: &mut String, n: &NetnsView) -> std::fmt::Result {
-    writeln!(out, "{}", title(n))?;
+fn render_one(out: &mut String, n: &NetnsView, taken_at: std::time::SystemTime) -> std::fmt::Result {
+    writeln!(out, "{}", title(n, taken_at))?;
     if let Some(c) = &n.creator {
         writeln!(out, "  created by   {}[{}] via {:?}", c.comm, c.pid, c.via)?;
     }
@@ -96,7 +96,7 @@ fn render(s: &ModelSnapshot) -> String {
     let mut out = String::new();
     for n in &s.netns {
         // Writing to a String cannot fail.
-        let _ = render_one(&mut out, n);
+        let _ = render_one(&mut out, n, s.taken_at);
         out.push('\n');
     }
     let alive = s.alive().filter(|n| !n.host).count();

@@ -101,7 +101,7 @@ impl Life {
 /// The snapshot's netns by inode and by nsid, so that resolving every
 /// binding of a node stays linear.
 pub(crate) struct Incarnations<'a> {
-    netns: &'a [NetnsView],
+    netns: Vec<&'a NetnsView>,
     by_inode: HashMap<u64, Vec<usize>>,
     by_nsid: HashMap<i32, Vec<usize>>,
 }
@@ -117,7 +117,7 @@ impl<'a> Incarnations<'a> {
                 by_nsid.entry(nsid).or_default().push(i);
             }
         }
-        Self { netns: &snapshot.netns, by_inode, by_nsid }
+        Self { netns: snapshot.netns.iter().map(std::sync::Arc::as_ref).collect(), by_inode, by_nsid }
     }
 
     /// The incarnations that may have held `inode` at `at`. None known: the
@@ -142,7 +142,7 @@ impl<'a> Incarnations<'a> {
         found.dedup();
         let ids: Vec<NetnsId> = found
             .into_iter()
-            .map(|i| &self.netns[i])
+            .map(|i| self.netns[i])
             .filter(|v| v.id().may_be(&resolved))
             .map(Life::of)
             .filter(|l| l.held_inode_at(at))
@@ -167,7 +167,7 @@ impl<'a> Incarnations<'a> {
 
     /// The netns that may be `id` ([`NetnsId::may_be`]), in the snapshot's order.
     pub(crate) fn may_be(&self, id: NetnsId) -> impl Iterator<Item = &'a NetnsView> + '_ {
-        self.sharing(&id).into_iter().map(|i| &self.netns[i]).filter(move |v| v.id().may_be(&id))
+        self.sharing(&id).into_iter().map(|i| self.netns[i]).filter(move |v| v.id().may_be(&id))
     }
 
     /// The netns that are exactly one of `ids`, in the snapshot's order.
@@ -175,7 +175,7 @@ impl<'a> Incarnations<'a> {
         let mut found: Vec<usize> = ids.iter().flat_map(|id| self.sharing(id)).collect();
         found.sort_unstable();
         found.dedup();
-        found.into_iter().map(|i| &self.netns[i]).filter(|v| ids.contains(&v.id())).collect()
+        found.into_iter().map(|i| self.netns[i]).filter(|v| ids.contains(&v.id())).collect()
     }
 }
 
@@ -336,7 +336,6 @@ mod tests {
             host: false,
             alive: died_at.is_none(),
             first_seen: t(first_seen),
-            age_secs: 0,
             died_at: died_at.map(t),
             death_source: None,
             creator: None,
@@ -416,7 +415,7 @@ mod tests {
         let ledger = ledger_with_add("/run/netns/a", 10, 11, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
-            netns: vec![view(77, 2, 30, None, None), view(77, 1, 5, Some(20), Some("10.0.0.2"))],
+            netns: vec![view(77, 2, 30, None, None).into(), view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -438,7 +437,7 @@ mod tests {
         let ledger = ledger_with_add("/var/run/netns/a", 10, 19, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
-            netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2"))],
+            netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -472,7 +471,7 @@ mod tests {
         only_nsid.inode = None;
         let snapshot = ModelSnapshot {
             taken_at: t(3600),
-            netns: vec![only_nsid],
+            netns: vec![only_nsid.into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -511,7 +510,7 @@ mod tests {
         let ledger = ledger_with_add("/run/netns/b", 20, 21, 77);
         let snapshot = ModelSnapshot {
             taken_at: t(40),
-            netns: vec![view(77, 2, 20, None, None), view(77, 1, 5, Some(21), None)],
+            netns: vec![view(77, 2, 20, None, None).into(), view(77, 1, 5, Some(21), None).into()],
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
@@ -558,8 +557,12 @@ mod tests {
         ledger.observe(&KernelEvent::CniExit { task: task(11), exit: CniExit::from_wait_status(256) }, t, &InodeNsid);
         let mut gone = view(0, 1, 10, Some(12), Some("10.0.0.2"));
         gone.inode = None;
-        let snapshot =
-            ModelSnapshot { taken_at: t(13), netns: vec![gone], host_routes: Vec::new(), stats: ModelStats::default() };
+        let snapshot = ModelSnapshot {
+            taken_at: t(13),
+            netns: vec![gone.into()],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        };
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
         let r = reservation_of_c1(t(10));
         let verdict = decide_one(&obs, &r, t(13), &crate::engine::Policy::default());
@@ -577,7 +580,7 @@ mod tests {
                 .netns
                 .iter()
                 .filter(|v| v.id().may_be(&resolved))
-                .map(Life::of)
+                .map(|v| Life::of(v))
                 .filter(|l| l.held_inode_at(at))
                 .map(|l| l.id)
                 .collect();
@@ -593,18 +596,23 @@ mod tests {
         let cases = (prop::collection::vec(a_view, 0..8), 1u64..4, prop::option::of(1i32..4), 0u64..30);
         proptest!(ProptestConfig::with_cases(2000), |((netns, inode, nsid, at) in cases)| {
             let snapshot =
-                ModelSnapshot { taken_at: t(40), netns, host_routes: Vec::new(), stats: ModelStats::default() };
+                ModelSnapshot {
+                    taken_at: t(40),
+                    netns: netns.into_iter().map(std::sync::Arc::new).collect(),
+                    host_routes: Vec::new(),
+                    stats: ModelStats::default(),
+                };
             let index = Incarnations::new(&snapshot);
             prop_assert_eq!(index.at(inode, nsid, t(at)), walk(&snapshot, inode, nsid, t(at)));
             // The lookups the saved knowledge makes, against walks too.
             let id = NetnsId::new(Some(inode), nsid, None);
             let may_be: Vec<NetnsId> = index.may_be(id).map(NetnsView::id).collect();
-            let walked: Vec<NetnsId> = snapshot.netns.iter().map(NetnsView::id).filter(|v| v.may_be(&id)).collect();
+            let walked: Vec<NetnsId> = snapshot.netns.iter().map(|v| v.id()).filter(|v| v.may_be(&id)).collect();
             prop_assert_eq!(may_be, walked);
-            let all: Vec<NetnsId> = snapshot.netns.iter().map(NetnsView::id).collect();
+            let all: Vec<NetnsId> = snapshot.netns.iter().map(|v| v.id()).collect();
             let mut exact: Vec<NetnsId> = index.exactly(&all[..all.len() / 2]).into_iter().map(NetnsView::id).collect();
             let mut expected: Vec<NetnsId> =
-                snapshot.netns.iter().map(NetnsView::id).filter(|v| all[..all.len() / 2].contains(v)).collect();
+                snapshot.netns.iter().map(|v| v.id()).filter(|v| all[..all.len() / 2].contains(v)).collect();
             exact.dedup();
             expected.dedup();
             prop_assert_eq!(exact, expected);

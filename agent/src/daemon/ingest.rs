@@ -88,6 +88,14 @@ impl Agent {
     /// Once a second: /state's ledger, the saved knowledge, ring-buffer
     /// losses, and CNI runs whose process is gone without an exit record.
     pub(super) async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        // Bounded ledger (issue 13.3, helper `model`): forget containers
+        // whose bound netns died, once past an age limit that is never less
+        // than the orphan grace (`ledger::dead_binding_max_age` says why).
+        let max_age = crate::ledger::dead_binding_max_age(self.policy.orphan_grace);
+        if self.ledger.forget_dead_bindings(SystemTime::now(), max_age) > 0 {
+            self.attachments_dirty = true;
+            self.memory.dirty = true;
+        }
         self.publish_attachments();
         if std::mem::take(&mut self.memory.dirty) {
             self.save_knowledge().await;

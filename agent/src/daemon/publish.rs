@@ -297,6 +297,9 @@ impl Agent {
     pub(super) fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<bool> {
         self.metrics.netns_destroyed();
         let containers = evidence::containers_of_death(&self.ledger, &[], death);
+        // Bounded ledger (issue 13.3, helper `model`): remembered so that
+        // housekeeping can forget these bindings after the age limit.
+        self.ledger.netns_died(&containers);
         let runs_concerned = self.ledger.unattributed_runs().next().is_some()
             || containers.iter().any(|c| self.ledger.get(c).is_some_and(crate::ledger::Attachment::in_flight));
         info!(

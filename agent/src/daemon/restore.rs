@@ -167,7 +167,6 @@ mod tests {
             host: false,
             alive: true,
             first_seen: t(first_seen),
-            age_secs: 0,
             died_at: None,
             death_source: None,
             creator: None,
@@ -181,7 +180,12 @@ mod tests {
     }
 
     fn snapshot(views: Vec<NetnsView>) -> ModelSnapshot {
-        ModelSnapshot { taken_at: t(100), netns: views, host_routes: Vec::new(), stats: ModelStats::default() }
+        ModelSnapshot {
+            taken_at: t(100),
+            netns: views.into_iter().map(std::sync::Arc::new).collect(),
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        }
     }
 
     fn saved(inode: u64, nsid: i32) -> SavedBinding {

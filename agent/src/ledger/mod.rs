@@ -28,6 +28,27 @@ const MAX_CONTAINERS: usize = 65_536;
 /// keeping it would make memory grow with every pod the node ever ran.
 pub const DEAD_NETNS_MAX_AGE: std::time::Duration = std::time::Duration::from_mins(30);
 
+/// How long after its last CNI run a container whose bound netns died is
+/// remembered, with the engine's orphan grace `orphan_grace`: at least
+/// [`DEAD_NETNS_MAX_AGE`], and never less than the grace (plus a second of
+/// clock slack).
+///
+/// Why this is safe: forgetting a binding the kernel saw die can only turn
+/// a reservation's "its bound netns died" (released at once) into "never
+/// seen bound" (agent/src/engine/decide.rs: released only once the
+/// reservation is older than the orphan grace and its IP is in no live
+/// netns) or into "bound netns died before the reservation" (held for the
+/// grace after the reservation). Every reservation of that container was
+/// made by a CNI run the ledger saw, so at or before its last run: by the
+/// time the binding is forgotten the reservation is already older than the
+/// grace, and the engine's answer is what it would have been with the
+/// binding. Nothing that keeps a reservation (an IP in a live netns, a run
+/// in flight, the runtime's or the API's word) comes from a dead binding.
+#[must_use]
+pub fn dead_binding_max_age(orphan_grace: std::time::Duration) -> std::time::Duration {
+    DEAD_NETNS_MAX_AGE.max(orphan_grace + std::time::Duration::from_secs(1))
+}
+
 /// One run of one CNI plugin binary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CniOperation {
@@ -196,6 +217,18 @@ pub struct Ledger {
     /// that named no container: unknown, so in flight for every container
     /// until their process exits. Keyed by pid; reaped with the process.
     unattributed: HashMap<u32, CniOperation>,
+    /// Containers whose bound netns the kernel said died: the binding
+    /// (inode and date) that died, so that a later binding is not taken
+    /// for dead.
+    died: HashMap<String, DeadBinding>,
+}
+
+/// A binding whose netns died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeadBinding {
+    path: Option<String>,
+    inode: Option<u64>,
+    bound_at: Option<SystemTime>,
 }
 
 impl Ledger {
@@ -419,6 +452,37 @@ impl Ledger {
         before - self.by_container.len()
     }
 
+    /// The kernel said the netns `containers` are bound to died (the
+    /// containers a death names: `daemon::evidence::containers_of_death`).
+    /// Remembered with the binding it is about, for
+    /// [`Ledger::forget_dead_bindings`].
+    pub fn netns_died(&mut self, containers: &[String]) {
+        for c in containers {
+            if let Some(a) = self.by_container.get(c) {
+                let dead = DeadBinding { path: a.netns_path.clone(), inode: a.netns_inode, bound_at: a.netns_bound_at };
+                self.died.insert(c.clone(), dead);
+            }
+        }
+    }
+
+    /// Forgets containers whose bound netns the kernel said died
+    /// ([`Ledger::netns_died`], about the binding they still have), with
+    /// nothing in flight, last seen more than `max_age` before `now` (see
+    /// [`dead_binding_max_age`] for a safe one): the ledger stays as large as
+    /// the pods of the last `max_age`, not of every pod ever run. Returns
+    /// how many were forgotten.
+    pub fn forget_dead_bindings(&mut self, now: SystemTime, max_age: std::time::Duration) -> usize {
+        let died = std::mem::take(&mut self.died);
+        let forgotten = self.forget_dead(now, max_age, |a| {
+            died.get(&a.container_id)
+                .is_some_and(|d| d.path == a.netns_path && d.inode == a.netns_inode && d.bound_at == a.netns_bound_at)
+        });
+        self.died = died;
+        let by_container = &self.by_container;
+        self.died.retain(|c, _| by_container.contains_key(c));
+        forgotten
+    }
+
     fn evict_if_full(&mut self) {
         if self.by_container.len() < MAX_CONTAINERS {
             return;
@@ -618,5 +682,33 @@ mod tests {
         assert!(ops[0].in_flight());
         assert_eq!(ops[1].pid, 1000, "the first few are kept");
         assert_eq!(ops.last().unwrap().pid, 1099, "the newest is kept");
+    }
+
+    #[test]
+    fn bindings_the_kernel_saw_die_are_forgotten_after_the_age_limit_and_no_others() {
+        let mut l = Ledger::new();
+        let secs = |s: u64| s * 1_000_000_000;
+        for (pid, c) in [(10, "dead"), (11, "alive"), (12, "rebound")] {
+            l.observe(&exec(pid, secs(1), "ADD", c), wall, &FixedResolver(Some(77)));
+            l.observe(&exit(pid, secs(2), 0), wall, &FixedResolver(None));
+        }
+        l.netns_died(&["dead".into(), "rebound".into(), "never-seen".into()]);
+        // A later ADD binds "rebound" to another netns: that one is not dead.
+        l.observe(&exec(13, secs(3), "ADD", "rebound"), wall, &FixedResolver(Some(78)));
+        l.observe(&exit(13, secs(4), 0), wall, &FixedResolver(None));
+        let max_age = dead_binding_max_age(Duration::from_mins(10));
+        assert_eq!(max_age, DEAD_NETNS_MAX_AGE);
+        assert_eq!(dead_binding_max_age(Duration::from_hours(1)), Duration::from_hours(1) + Duration::from_secs(1));
+        let last_seen = wall(secs(2));
+        assert_eq!(l.forget_dead_bindings(last_seen + max_age, max_age), 0, "not before the age limit");
+        assert_eq!(l.forget_dead_bindings(last_seen + max_age + Duration::from_secs(1), max_age), 1);
+        assert!(l.get("dead").is_none());
+        assert!(l.get("alive").is_some(), "not known dead: never forgotten here");
+        assert!(l.get("rebound").is_some(), "its present binding did not die");
+        assert_eq!(l.died.len(), 1, "the mark of a forgotten container goes with it");
+        // In flight: kept whatever its age.
+        l.observe(&exec(14, secs(5), "DEL", "rebound"), wall, &FixedResolver(None));
+        l.netns_died(&["rebound".into()]);
+        assert_eq!(l.forget_dead_bindings(wall(secs(5)) + Duration::from_hours(10), max_age), 0);
     }
 }

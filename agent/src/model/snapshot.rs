@@ -2,7 +2,7 @@
 //! (the input of the decision engine, `netreap netns --json` and the state
 //! endpoint) and the death notice sent for each netns that dies.
 
-use std::{net::IpAddr, path::PathBuf, time::SystemTime};
+use std::{net::IpAddr, path::PathBuf, sync::Arc, time::SystemTime};
 
 use serde::{Serialize, Serializer};
 
@@ -145,8 +145,6 @@ pub struct NetnsView {
     pub alive: bool,
     #[serde(serialize_with = "time")]
     pub first_seen: SystemTime,
-    /// Seconds since `first_seen`, when the snapshot was taken.
-    pub age_secs: u64,
     #[serde(serialize_with = "opt_time")]
     pub died_at: Option<SystemTime>,
     pub death_source: Option<DeathSource>,
@@ -167,6 +165,14 @@ pub struct NetnsView {
 impl NetnsView {
     pub fn global_addresses(&self) -> impl Iterator<Item = &AddressView> {
         self.addresses.iter().filter(|a| a.is_global())
+    }
+
+    /// Seconds since `first_seen` at `at` (a snapshot's `taken_at`: the
+    /// snapshot shows it as `age_secs`). Not a field: a view is shared by
+    /// every snapshot taken while its netns did not change.
+    #[must_use]
+    pub fn age_secs(&self, at: SystemTime) -> u64 {
+        at.duration_since(self.first_seen).unwrap_or_default().as_secs()
     }
 
     /// This incarnation's identity.
@@ -236,20 +242,53 @@ pub struct ModelStats {
 }
 
 /// The whole model at one instant.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelSnapshot {
-    #[serde(serialize_with = "time")]
     pub taken_at: SystemTime,
     /// The agent's own netns first, then live ones by first sight, then
-    /// recently dead ones by time of death.
-    pub netns: Vec<NetnsView>,
+    /// recently dead ones by time of death. Shared with the model (and with
+    /// earlier snapshots): a snapshot rebuilds only the views of netns that
+    /// changed. Each is serialized with its `age_secs` at `taken_at`.
+    pub netns: Vec<Arc<NetnsView>>,
     pub host_routes: Vec<HostRouteView>,
     pub stats: ModelStats,
 }
 
+/// A view as a snapshot shows it: with its age when the snapshot was taken.
+#[derive(Serialize)]
+struct AgedView<'a> {
+    #[serde(flatten)]
+    view: &'a NetnsView,
+    age_secs: u64,
+}
+
+/// The views of a snapshot taken at `at`, each with its age then.
+struct AgedViews<'a> {
+    views: &'a [Arc<NetnsView>],
+    at: SystemTime,
+}
+
+impl Serialize for AgedViews<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.views.iter().map(|v| AgedView { view: v, age_secs: v.age_secs(self.at) }))
+    }
+}
+
+impl Serialize for ModelSnapshot {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut st = s.serialize_struct("ModelSnapshot", 4)?;
+        st.serialize_field("taken_at", &rfc3339(self.taken_at))?;
+        st.serialize_field("netns", &AgedViews { views: &self.netns, at: self.taken_at })?;
+        st.serialize_field("host_routes", &self.host_routes)?;
+        st.serialize_field("stats", &self.stats)?;
+        st.end()
+    }
+}
+
 impl ModelSnapshot {
     pub fn alive(&self) -> impl Iterator<Item = &NetnsView> {
-        self.netns.iter().filter(|n| n.alive)
+        self.netns.iter().map(Arc::as_ref).filter(|n| n.alive)
     }
 
     /// The live netns with this inode.

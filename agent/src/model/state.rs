@@ -50,7 +50,7 @@ use self::{
     records::{Entry, NetnsKey, RecordId, Table},
     registry::{BindPlan, Registry},
     resync::{Resync, ResyncStep, ScanRequest, ScanStart},
-    view::DeadViews,
+    view::{DeadViews, Views},
 };
 use super::snapshot::{DeathSource, ModelSnapshot, ModelStats, NetnsDeath, NetnsInode};
 use crate::{
@@ -115,6 +115,8 @@ pub struct Model {
     dumps: DumpQueue,
     resync: Resync,
     dead: DeadViews,
+    /// The live netns's views, kept for the next snapshot.
+    views: Views,
     next_seq: u32,
     actions: Vec<Action>,
     /// Time of the latest input, for state that records when it started.
@@ -135,6 +137,7 @@ impl Model {
             dumps: DumpQueue::default(),
             resync: Resync::new(),
             dead: DeadViews::new(config.dead_retention, config.max_dead),
+            views: Views::default(),
             next_seq: 1,
             actions: Vec::new(),
             last_now: now,
@@ -467,9 +470,23 @@ impl Model {
 
     // ---- views -----------------------------------------------------------
 
+    /// The whole model at `now`. Costs in proportion to what changed since
+    /// the previous snapshot: the views of netns that did not change are
+    /// shared with it. (In debug builds, checked against a snapshot built
+    /// from nothing.)
+    pub fn snapshot(&mut self, now: SystemTime) -> ModelSnapshot {
+        let changes = self.registry.take_changes();
+        let stats = self.stats();
+        let snapshot = self.views.snapshot(&self.registry, &changes, &self.dead, stats, now);
+        debug_assert_eq!(snapshot, self.fresh_snapshot(now), "an incremental snapshot differs from a fresh one");
+        snapshot
+    }
+
+    /// The whole model at `now`, every view built anew: what
+    /// [`Model::snapshot`] must equal.
     #[must_use]
-    pub fn snapshot(&self, now: SystemTime) -> ModelSnapshot {
-        view::snapshot(&self.registry, &self.dead, self.stats(), now)
+    pub fn fresh_snapshot(&self, now: SystemTime) -> ModelSnapshot {
+        view::fresh_snapshot(&self.registry, &self.dead, self.stats(), now)
     }
 }
 

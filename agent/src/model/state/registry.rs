@@ -16,6 +16,7 @@ use super::{
     super::snapshot::{Corrections, Creator, DeathSource, ModelStats, NetnsInode},
     age,
     records::{Entry, LinkNetns, LinkState, Netns, NetnsKey, RecordId, Table, addr_key, is_host_route, route_key},
+    view::Changes,
 };
 use crate::{
     discovery::{Scope, Sighting},
@@ -76,6 +77,8 @@ pub(super) struct Registry {
     /// Creators the probes named for netns not bound yet.
     pending_creators: HashMap<NetnsInode, Creator>,
     next_id: RecordId,
+    /// What changed since the views were last brought up to date.
+    changes: Changes,
     /// Advances at each creation and each dump start, to tell which records
     /// a dump can judge.
     epoch: u64,
@@ -92,6 +95,7 @@ impl Registry {
             sightings: BTreeMap::new(),
             pending_creators: HashMap::new(),
             next_id: 1,
+            changes: Changes::default(),
             epoch: 1,
             counts: RegistryCounts::default(),
         }
@@ -217,6 +221,18 @@ impl Registry {
         }
     }
 
+    /// What changed since the last call (for the views).
+    pub(super) fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    fn key_of_inode(&self, inode: NetnsInode) -> Option<NetnsKey> {
+        if self.is_host_inode(inode) {
+            return Some(NetnsKey::Host);
+        }
+        self.by_inode(inode).map(NetnsKey::Record)
+    }
+
     // ---- writing ---------------------------------------------------------
 
     pub(super) fn bump_epoch(&mut self) -> u64 {
@@ -253,6 +269,7 @@ impl Registry {
         }
         self.by_nsid.insert(nsid, id);
         self.live.insert(id, rec);
+        self.changes.identity(NetnsKey::Record(id));
         debug!(?inode, nsid, "netns tracked");
         id
     }
@@ -262,9 +279,11 @@ impl Registry {
         // A record made for this nsid before we knew it was ours.
         if let Some(id) = self.by_nsid.remove(&nsid) {
             self.live.remove(&id);
+            self.changes.identity(NetnsKey::Record(id));
         }
         if self.host.nsid != Some(nsid) {
             debug!(nsid, "the agent's own netns has an nsid for itself");
+            self.changes.identity(NetnsKey::Host);
         }
         self.host.nsid = Some(nsid);
     }
@@ -281,6 +300,7 @@ impl Registry {
             }
         }
         self.by_inode.insert(inode, id);
+        self.changes.identity(NetnsKey::Record(id));
     }
 
     /// The kernel assigned an nsid (counted as a correction when a
@@ -302,6 +322,7 @@ impl Registry {
         let Some(rec) = self.live.remove(&id) else {
             return;
         };
+        self.changes.identity(NetnsKey::Record(id));
         if matches!(source, DeathSource::NsidGone | DeathSource::Superseded) {
             self.counts.corrections.netns_lost += 1;
         }
@@ -325,8 +346,12 @@ impl Registry {
     pub(super) fn note_creator(&mut self, inode: NetnsInode, task: &Task, via: NetnsVia, at: SystemTime) {
         let creator =
             Creator { pid: task.tgid, tid: task.pid, comm: task.comm.clone(), cgroup_id: task.cgroup_id, via, at };
-        match self.by_inode.get(&inode).and_then(|id| self.live.get_mut(id)) {
-            Some(rec) if rec.creator.is_none() => rec.creator = Some(creator),
+        let id = self.by_inode.get(&inode).copied();
+        match id.and_then(|id| self.live.get_mut(&id).map(|rec| (id, rec))) {
+            Some((id, rec)) if rec.creator.is_none() => {
+                rec.creator = Some(creator);
+                self.changes.netns.insert(NetnsKey::Record(id));
+            }
             // The record is an older netns with a reused inode whose
             // death is still queued: keep this for the new one.
             Some(_) | None => {
@@ -346,16 +371,21 @@ impl Registry {
     /// set only where its sighting's mounts changed.
     pub(super) fn apply_scan(&mut self, scope: Scope, found: BTreeMap<NetnsInode, Sighting>) {
         let mut changed = Vec::new();
+        // Sightings that changed at all (a view shows them).
+        let mut seen_changed = Vec::new();
         match scope {
             Scope::Full => {
                 changed.extend(found.iter().filter(|(_, s)| !s.bind_mounts.is_empty()).map(|(&i, _)| i));
+                seen_changed.extend(self.sightings.keys().filter(|i| !found.contains_key(i)).copied());
+                seen_changed.extend(found.iter().filter(|&(i, s)| self.sightings.get(i) != Some(s)).map(|(&i, _)| i));
                 self.sightings = found;
             }
             Scope::Mounts => {
                 // Mounts gone: the processes a full scan saw stay.
                 self.sightings.retain(|inode, s| {
-                    if !found.contains_key(inode) {
+                    if !found.contains_key(inode) && !s.bind_mounts.is_empty() {
                         s.bind_mounts.clear();
+                        seen_changed.push(*inode);
                     }
                     !s.bind_mounts.is_empty() || s.process_count > 0
                 });
@@ -364,8 +394,14 @@ impl Registry {
                     if sighting.bind_mounts != s.bind_mounts {
                         sighting.bind_mounts = s.bind_mounts;
                         changed.push(inode);
+                        seen_changed.push(inode);
                     }
                 }
+            }
+        }
+        for inode in seen_changed {
+            if let Some(key) = self.key_of_inode(inode) {
+                self.changes.netns.insert(key);
             }
         }
         for inode in changed {
@@ -395,32 +431,41 @@ impl Registry {
                     ns.links.remove(&l.ifindex);
                     ns.addresses.retain(|k, _| k.ifindex != l.ifindex);
                     ns.routes.retain(|k, _| k.oif != l.ifindex);
+                    self.changes.link(key, l.ifindex);
                 }
                 Applied::default()
             }
             Message::NewAddress(a) => {
                 let addr = addr_key(&a);
-                if let Some(ns) = self.netns_mut(key) {
-                    ns.addresses.insert(addr, a.scope);
+                if let Some(ns) = self.netns_mut(key)
+                    && ns.addresses.insert(addr, a.scope) != Some(a.scope)
+                {
+                    self.changes.netns.insert(key);
                 }
                 Applied { shown: Some(Entry::Addr(addr)), needs_link_dump: false }
             }
             Message::DelAddress(a) => {
-                if let Some(ns) = self.netns_mut(key) {
-                    ns.addresses.remove(&addr_key(&a));
+                if let Some(ns) = self.netns_mut(key)
+                    && ns.addresses.remove(&addr_key(&a)).is_some()
+                {
+                    self.changes.netns.insert(key);
                 }
                 Applied::default()
             }
             Message::NewRoute(r) if key == NetnsKey::Host && is_host_route(&r) => match route_key(&r) {
                 Some(route) => {
-                    self.host.routes.insert(route, r.protocol);
+                    if self.host.routes.insert(route, r.protocol) != Some(r.protocol) {
+                        self.changes.route(route);
+                    }
                     Applied { shown: Some(Entry::Route(route)), needs_link_dump: false }
                 }
                 None => Applied::default(),
             },
             Message::DelRoute(r) if key == NetnsKey::Host => {
-                if let Some(route) = route_key(&r) {
-                    self.host.routes.remove(&route);
+                if let Some(route) = route_key(&r)
+                    && self.host.routes.remove(&route).is_some()
+                {
+                    self.changes.route(route);
                 }
                 Applied::default()
             }
@@ -447,8 +492,11 @@ impl Registry {
                 let addr = addr_key(&a);
                 if let Some(ns) = self.netns_mut(key) {
                     let old = ns.addresses.insert(addr, a.scope);
-                    if counting && old != Some(a.scope) {
-                        self.counts.corrections.addresses += 1;
+                    if old != Some(a.scope) {
+                        self.changes.netns.insert(key);
+                        if counting {
+                            self.counts.corrections.addresses += 1;
+                        }
                     }
                 }
                 Some(Entry::Addr(addr))
@@ -458,6 +506,9 @@ impl Registry {
             Message::NewRoute(r) if table == Table::Routes && is_host_route(&r) => {
                 let route = route_key(&r)?;
                 let old = self.host.routes.insert(route, r.protocol);
+                if old != Some(r.protocol) {
+                    self.changes.route(route);
+                }
                 if counting && old.is_none() {
                     self.counts.corrections.routes += 1;
                 }
@@ -498,6 +549,9 @@ impl Registry {
         };
         let changed = old != Some(&state);
         ns.links.insert(l.ifindex, state);
+        if changed {
+            self.changes.link(key, l.ifindex);
+        }
         if counting && changed {
             self.counts.corrections.links += 1;
         }
@@ -540,25 +594,49 @@ impl Registry {
         {
             return;
         }
-        let Some(ns) = self.netns_mut(key) else {
-            return;
+        let ns = match key {
+            NetnsKey::Host => &mut self.host,
+            NetnsKey::Record(id) => match self.live.get_mut(&id) {
+                Some(ns) => ns,
+                None => return,
+            },
         };
+        let changes = &mut self.changes;
         let removed = match table {
             Table::Links => {
                 let before = ns.links.len();
-                ns.links.retain(|k, _| seen.contains(&Entry::Link(*k)));
+                ns.links.retain(|k, _| {
+                    let keep = seen.contains(&Entry::Link(*k));
+                    if !keep {
+                        changes.link(key, *k);
+                    }
+                    keep
+                });
                 let links = ns.links.keys().copied().collect::<HashSet<_>>();
+                let addresses = ns.addresses.len();
                 ns.addresses.retain(|k, _| links.contains(&k.ifindex));
+                if ns.addresses.len() != addresses {
+                    changes.netns.insert(key);
+                }
                 before - ns.links.len()
             }
             Table::Addresses => {
                 let before = ns.addresses.len();
                 ns.addresses.retain(|k, _| seen.contains(&Entry::Addr(*k)));
+                if ns.addresses.len() != before {
+                    changes.netns.insert(key);
+                }
                 before - ns.addresses.len()
             }
             Table::Routes => {
                 let before = ns.routes.len();
-                ns.routes.retain(|k, _| seen.contains(&Entry::Route(*k)));
+                ns.routes.retain(|k, _| {
+                    let keep = seen.contains(&Entry::Route(*k));
+                    if !keep {
+                        changes.route(*k);
+                    }
+                    keep
+                });
                 before - ns.routes.len()
             }
             Table::Nsids => 0,

@@ -128,7 +128,7 @@ fn synced(inode: NetnsInode, nsid: i32) -> Model {
     m
 }
 
-fn live(m: &Model, inode: NetnsInode) -> NetnsView {
+fn live(m: &mut Model, inode: NetnsInode) -> NetnsView {
     m.snapshot(T0).live_by_inode(inode).cloned().unwrap_or_else(|| panic!("netns {inode} not alive"))
 }
 
@@ -139,7 +139,7 @@ fn an_nsid_reply_binds_the_inode_and_dumps_its_netns() {
     let sent = requests(&m.take_actions());
     assert_eq!(sent.iter().map(|r| r.0).collect::<Vec<_>>(), vec![RTM_NEWNSID, RTM_GETNSID]);
     m.datagram(None, &fake::nsid(RTM_NEWNSID, sent[1].1, 7), T0);
-    let v = live(&m, 100);
+    let v = live(&mut m, 100);
     assert_eq!(v.nsid, Some(7));
     let dumps = requests(&m.take_actions());
     assert_eq!(dumps.len(), 1, "one dump at a time");
@@ -153,7 +153,7 @@ fn our_own_assignment_notice_binds_before_the_reply() {
     let sent = requests(&m.take_actions());
     // The kernel multicasts the assignment with our request's sequence.
     m.datagram(None, &fake::nsid(RTM_NEWNSID, sent[0].1, 4), T0);
-    assert_eq!(live(&m, 100).nsid, Some(4));
+    assert_eq!(live(&mut m, 100).nsid, Some(4));
     m.datagram(None, &fake::nsid(RTM_NEWNSID, sent[1].1, 4), T0);
     assert_eq!(m.snapshot(T0).alive().filter(|n| !n.host).count(), 1);
 }
@@ -223,7 +223,7 @@ fn a_resync_finds_lost_deaths_and_missed_changes_and_counts_them() {
         (RTM_GETADDR, Some(7)) => vec![fake::address(RTM_NEWADDR, seq, &addr(2, "10.1.0.5", 24))],
         _ => vec![],
     });
-    let v = live(&m, 100);
+    let v = live(&mut m, 100);
     assert_eq!(v.addresses.len(), 1);
     let stats = m.stats().clone();
     assert_eq!(stats.overruns, 1);
@@ -314,7 +314,7 @@ fn a_dying_netns_is_described_as_the_last_snapshot_showed_it() {
         priority: None,
     };
     m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &route), T0);
-    let alive = live(&m, 100);
+    let alive = live(&mut m, 100);
     assert_eq!(alive.interfaces[0].link.as_ref().and_then(|l| l.ifname.as_deref()), Some("veth-host"));
     m.take_actions();
     // The dying view resolves only this netns's references: the same ones.
@@ -322,10 +322,7 @@ fn a_dying_netns_is_described_as_the_last_snapshot_showed_it() {
     assert_eq!(deaths(&m.take_actions()).len(), 1);
     let dead = m.snapshot(T0).netns.into_iter().find(|n| !n.alive && n.inode == Some(100)).expect("dead view");
     assert_eq!(dead.died_at, Some(T0));
-    assert_eq!(
-        NetnsView { alive: true, died_at: None, death_source: None, ..dead },
-        NetnsView { age_secs: 0, ..alive }
-    );
+    assert_eq!(NetnsView { alive: true, died_at: None, death_source: None, ..(*dead).clone() }, alive);
 }
 
 fn task(comm: &str) -> Task {
@@ -346,7 +343,7 @@ fn probes_name_the_creator_ask_for_discovery_and_report_put_net() {
     let jobs: Vec<_> = m.take_actions().into_iter().filter(|a| matches!(a, Action::Job(_))).collect();
     assert!(matches!(jobs.as_slice(), [Action::Job(Job::Resolve { inode: 200, tgid: 41, tid: 42 })]), "{jobs:?}");
     open(&mut m, 200, 8);
-    let creator = live(&m, 200).creator.expect("creator");
+    let creator = live(&mut m, 200).creator.expect("creator");
     assert_eq!((creator.comm.as_str(), creator.pid, creator.via), ("runc", 41, NetnsVia::Unshare));
 
     m.kernel_event(&KernelEvent::NetnsFreed { task: task("kworker"), netns_inode: 200 }, T0);
@@ -429,7 +426,7 @@ fn absence_from_an_nsid_dump_is_not_death() {
             );
         assert!(deaths(&rest).is_empty(), "{:?}", deaths(&rest));
     }
-    assert_eq!(live(&m, 101).nsid, Some(8));
+    assert_eq!(live(&mut m, 101).nsid, Some(8));
     assert_eq!(m.stats().corrections.netns_lost, 0);
 }
 
@@ -446,7 +443,7 @@ fn a_refused_targeted_dump_kills_nothing_until_targeted_dumps_are_known_to_work(
         if kind == RTM_GETNSID { vec![fake::nsid(RTM_NEWNSID, seq, 7)] } else { vec![] }
     });
     assert!(deaths(&rest).is_empty());
-    assert!(live(&m, 100).alive);
+    assert!(live(&mut m, 100).alive);
 }
 
 /// A `__put_net` record about an earlier netns whose inode was reused at
@@ -476,4 +473,113 @@ fn a_stale_put_net_record_does_not_kill_the_netns_that_reused_the_inode() {
     m.kernel_event(&fresh, now);
     let d = deaths(&m.take_actions());
     assert_eq!((d[0].inode, d[0].source), (Some(200), DeathSource::PutNet));
+}
+
+/// The incremental snapshot equals one built from nothing.
+fn same_as_fresh(m: &mut Model, now: SystemTime) -> ModelSnapshot {
+    let snapshot = m.snapshot(now);
+    assert_eq!(snapshot, m.fresh_snapshot(now), "incremental snapshot differs from a fresh one");
+    snapshot
+}
+
+fn view_of(s: &ModelSnapshot, inode: NetnsInode) -> Arc<NetnsView> {
+    s.netns.iter().find(|n| n.alive && n.inode == Some(inode)).cloned().unwrap_or_else(|| panic!("{inode} alive"))
+}
+
+fn host_route(dst: &str, oif: u32) -> Route {
+    Route {
+        family: AF_INET,
+        dst_len: 32,
+        table: RT_TABLE_MAIN,
+        protocol: 3,
+        scope: 253,
+        route_type: RTN_UNICAST,
+        dst: Some(dst.parse().unwrap()),
+        oif: Some(oif),
+        priority: None,
+    }
+}
+
+fn mounted(inode: NetnsInode, path: &str) -> BTreeMap<NetnsInode, Sighting> {
+    BTreeMap::from([(inode, Sighting { bind_mounts: vec![path.into()], ..Sighting::default() })])
+}
+
+#[test]
+fn an_incremental_snapshot_says_what_a_fresh_one_says_across_births_deaths_mounts_and_addresses() {
+    let mut m = synced(100, 7);
+    let t = |s: u64| T0 + Duration::from_secs(s);
+    same_as_fresh(&mut m, t(0));
+    // Pod 100 wired to the host: veth pair, address, host route.
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-a", Some((2, Some(7))))), t(1));
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), t(1));
+    m.datagram(Some(7), &fake::address(RTM_NEWADDR, 0, &addr(2, "10.1.0.5", 24)), t(1));
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &host_route("10.1.0.5", 10)), t(1));
+    let first = same_as_fresh(&mut m, t(1));
+    assert_eq!(view_of(&first, 100).host_routes, vec!["10.1.0.5".parse::<IpAddr>().unwrap()]);
+
+    // A birth: netns 200 (nsid 8) and its dumps.
+    open(&mut m, 200, 8);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    let born = same_as_fresh(&mut m, t(2));
+    assert!(Arc::ptr_eq(&view_of(&first, 100), &view_of(&born, 100)), "an unchanged netns's view is shared");
+    // Its wiring, in the host's frame for both ends (as a dump gives it).
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(11, "veth-b", Some((3, Some(8))))), t(3));
+    m.datagram(Some(8), &fake::link(RTM_NEWLINK, 0, &link(3, "eth0", Some((11, Some(0))))), t(3));
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &host_route("10.1.0.6", 11)), t(3));
+    let wired = same_as_fresh(&mut m, t(3));
+    assert!(Arc::ptr_eq(&view_of(&first, 100), &view_of(&wired, 100)), "another pod's wiring leaves it alone");
+
+    // An address change in 200 only.
+    m.datagram(Some(8), &fake::address(RTM_NEWADDR, 0, &addr(3, "10.1.0.6", 24)), t(4));
+    let addressed = same_as_fresh(&mut m, t(4));
+    assert!(Arc::ptr_eq(&view_of(&wired, 100), &view_of(&addressed, 100)));
+    assert!(!Arc::ptr_eq(&view_of(&wired, 200), &view_of(&addressed, 200)));
+    m.datagram(Some(8), &fake::address(RTM_DELADDR, 0, &addr(3, "10.1.0.6", 24)), t(5));
+    same_as_fresh(&mut m, t(5));
+    // A host route alone (its link unchanged) changes the pod it leads into.
+    m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &host_route("10.1.0.7", 11)), t(5));
+    let routed = same_as_fresh(&mut m, t(5));
+    assert!(view_of(&routed, 200).host_routes.contains(&"10.1.0.7".parse().unwrap()));
+    m.datagram(None, &fake::route(RTM_DELROUTE, 0, &host_route("10.1.0.7", 11)), t(5));
+    same_as_fresh(&mut m, t(5));
+
+    // Mounts: 200 bind-mounted, then unmounted; a full scan with processes.
+    m.scan_done(0, Scope::Mounts, mounted(200, "/run/netns/nrM-b"));
+    let mounted_now = same_as_fresh(&mut m, t(6));
+    assert_eq!(view_of(&mounted_now, 200).bind_mounts, vec![std::path::PathBuf::from("/run/netns/nrM-b")]);
+    m.scan_done(0, Scope::Mounts, BTreeMap::new());
+    same_as_fresh(&mut m, t(7));
+    let full = BTreeMap::from([(100, Sighting { process_count: 2, ..Sighting::default() })]);
+    m.scan_done(0, Scope::Full, full);
+    same_as_fresh(&mut m, t(8));
+
+    // A peer renamed: the pod that shows its name changes with it.
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-a2", Some((2, Some(7))))), t(9));
+    let renamed = same_as_fresh(&mut m, t(9));
+    let eth0 = &view_of(&renamed, 100).interfaces[0];
+    assert_eq!(eth0.link.as_ref().and_then(|l| l.ifname.as_deref()), Some("veth-a2"));
+
+    // A route and a link removed on the host.
+    m.datagram(None, &fake::route(RTM_DELROUTE, 0, &host_route("10.1.0.6", 11)), t(10));
+    same_as_fresh(&mut m, t(10));
+    m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(11, "veth-b", None)), t(10));
+    same_as_fresh(&mut m, t(10));
+
+    // A death, then the nsid reused by a new netns with the old peer's name.
+    m.datagram(None, &fake::nsid(RTM_DELNSID, 0, 7), t(11));
+    assert_eq!(deaths(&m.take_actions()).len(), 1);
+    let after_death = same_as_fresh(&mut m, t(11));
+    assert!(after_death.netns.iter().any(|n| !n.alive && n.inode == Some(100)));
+    open(&mut m, 300, 7);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), t(12));
+    same_as_fresh(&mut m, t(12));
+    m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(10, "veth-a2", None)), t(13));
+    same_as_fresh(&mut m, t(13));
+    // Nothing changed: the same views again, only older.
+    let again = same_as_fresh(&mut m, t(20));
+    let before = same_as_fresh(&mut m, t(30));
+    assert!(again.netns.iter().zip(&before.netns).all(|(a, b)| Arc::ptr_eq(a, b)));
+    let json = serde_json::to_value(&before).unwrap();
+    assert_eq!(json["netns"][0]["age_secs"], 30, "ages are the snapshot's: {json}");
 }

@@ -4,8 +4,9 @@
 //! a while.
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::{HashMap, HashSet, VecDeque},
     net::IpAddr,
+    sync::Arc,
     time::{Duration, SystemTime},
 };
 
@@ -15,42 +16,39 @@ use super::{
         NetnsView, PeerNetns,
     },
     age,
-    records::{LinkNetns, Netns, NetnsKey, RecordId},
+    records::{LinkNetns, Netns, NetnsKey, RecordId, RouteKey},
     registry::Registry,
 };
 use crate::netlink::wire::consts;
 
 /// Resolves `IFLA_LINK` references across namespaces. Names and
 /// identities are read from the registry when a reference is made, never
-/// copied into maps: a snapshot is taken for every reconcile.
+/// copied into maps.
 struct Resolver<'a> {
     registry: &'a Registry,
     /// (netns, ifindex) -> (netns, ifindex) of the other end, for links
     /// whose own message placed the peer.
     forward: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
     reverse: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
-    /// Host routes by the netns their interface leads into.
-    routes_into: HashMap<NetnsKey, Vec<IpAddr>>,
+    /// Host routes (destination, interface) by the netns their interface
+    /// leads into.
+    routes_into: HashMap<NetnsKey, Vec<(IpAddr, u32)>>,
 }
 
 impl<'a> Resolver<'a> {
-    /// `only`: the references of this netns alone (a dying one's view) and
-    /// of the host's links (its routes lead into it), else of every netns.
-    fn new(registry: &'a Registry, only: Option<NetnsKey>) -> Self {
+    /// The references of the netns `wanted` says (and of the host's links:
+    /// its routes lead into them). One pass over every link, with no
+    /// allocation for those of other netns.
+    fn new(registry: &'a Registry, wanted: impl Fn(NetnsKey) -> bool) -> Self {
         let mut r = Self { registry, forward: HashMap::new(), reverse: HashMap::new(), routes_into: HashMap::new() };
         let host = registry.host();
         let all = std::iter::once((NetnsKey::Host, host))
             .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)));
-        let wanted = |key: NetnsKey| key == NetnsKey::Host || only.is_none_or(|o| o == key);
+        let wanted = |key: NetnsKey| key == NetnsKey::Host || wanted(key);
         for (key, ns) in all {
             for (&ifindex, l) in &ns.links {
                 let Some(p) = l.link else { continue };
-                let other = match l.link_netns {
-                    LinkNetns::Same => Some(key),
-                    LinkNetns::Nsid(n) => r.by_nsid(n),
-                    LinkNetns::Unverified => None,
-                };
-                if let Some(o) = other {
+                if let Some(o) = r.link_target(key, l.link_netns) {
                     if wanted(key) {
                         r.forward.insert((key, ifindex), (o, p));
                     }
@@ -68,25 +66,23 @@ impl<'a> Resolver<'a> {
                 && o != NetnsKey::Host
                 && wanted(o)
             {
-                r.routes_into.entry(o).or_default().push(k.dst);
+                r.routes_into.entry(o).or_default().push((k.dst, k.oif));
             }
         }
         r
     }
 
-    /// The netns with nsid `n` in the agent's numbering.
-    fn by_nsid(&self, n: i32) -> Option<NetnsKey> {
-        self.registry
-            .by_nsid(n)
-            .map(NetnsKey::Record)
-            .or_else(|| (self.registry.host_nsid() == Some(n)).then_some(NetnsKey::Host))
+    /// The netns a link of `key` names as its peer's.
+    fn link_target(&self, key: NetnsKey, link_netns: LinkNetns) -> Option<NetnsKey> {
+        match link_netns {
+            LinkNetns::Same => Some(key),
+            LinkNetns::Nsid(n) => by_nsid(self.registry, n),
+            LinkNetns::Unverified => None,
+        }
     }
 
     fn netns(&self, key: NetnsKey) -> Option<&'a Netns> {
-        match key {
-            NetnsKey::Host => Some(self.registry.host()),
-            NetnsKey::Record(id) => self.registry.record(id),
-        }
+        netns(self.registry, key)
     }
 
     /// Where the other end of link `ifindex` of `key` is.
@@ -112,6 +108,18 @@ impl<'a> Resolver<'a> {
     }
 }
 
+/// The netns with nsid `n` in the agent's numbering.
+fn by_nsid(registry: &Registry, n: i32) -> Option<NetnsKey> {
+    registry.by_nsid(n).map(NetnsKey::Record).or_else(|| (registry.host_nsid() == Some(n)).then_some(NetnsKey::Host))
+}
+
+fn netns(registry: &Registry, key: NetnsKey) -> Option<&Netns> {
+    match key {
+        NetnsKey::Host => Some(registry.host()),
+        NetnsKey::Record(id) => registry.record(id),
+    }
+}
+
 fn mac_text(mac: &[u8]) -> String {
     use std::fmt::Write as _;
     let mut text = String::with_capacity(mac.len() * 3);
@@ -122,7 +130,10 @@ fn mac_text(mac: &[u8]) -> String {
     text
 }
 
-fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now: SystemTime) -> NetnsView {
+/// A view of `key` and the links of other netns it read (a peer's name
+/// and identity, or a host link its routes come through).
+fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> (NetnsView, Vec<(NetnsKey, u32)>) {
+    let mut reads = Vec::new();
     let sighting = ns.inode.and_then(|i| registry.sighting(i));
     let interfaces: Vec<InterfaceView> = ns
         .links
@@ -134,7 +145,12 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now
             up: l.flags & consts::IFF_UP != 0,
             mac: l.mac.as_deref().filter(|m| !m.is_empty()).map(mac_text),
             master: l.master,
-            link: l.link.map(|p| resolver.link_ref(key, ifindex, p)),
+            link: l.link.map(|p| {
+                if let Some(peer) = resolver.place(key, ifindex, p) {
+                    reads.push(peer);
+                }
+                resolver.link_ref(key, ifindex, p)
+            }),
         })
         .collect();
     let addresses = ns
@@ -148,14 +164,15 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now
             scope: AddrScope::from_raw(scope),
         })
         .collect();
-    let host_routes = resolver.routes_into.get(&key).cloned().unwrap_or_default();
-    NetnsView {
+    let routes = resolver.routes_into.get(&key).map_or(&[][..], Vec::as_slice);
+    let host_routes = routes.iter().map(|&(dst, _)| dst).collect();
+    reads.extend(routes.iter().map(|&(_, oif)| (NetnsKey::Host, oif)));
+    let view = NetnsView {
         inode: ns.inode,
         nsid: ns.nsid,
         host: key == NetnsKey::Host,
         alive: true,
         first_seen: ns.first_seen,
-        age_secs: age(now, ns.first_seen).as_secs(),
         died_at: None,
         death_source: None,
         creator: ns.creator.clone(),
@@ -165,7 +182,8 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now
         interfaces,
         addresses,
         host_routes,
-    }
+    };
+    (view, reads)
 }
 
 /// The view of record `id` as it dies at `at`, taken while it is still in
@@ -173,8 +191,8 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns, now
 /// alive.
 pub(super) fn dying(registry: &Registry, id: RecordId, source: DeathSource, at: SystemTime) -> Option<NetnsView> {
     let rec = registry.record(id)?;
-    let resolver = Resolver::new(registry, Some(NetnsKey::Record(id)));
-    let mut view = view(registry, &resolver, NetnsKey::Record(id), rec, at);
+    let resolver = Resolver::new(registry, |k| k == NetnsKey::Record(id));
+    let (mut view, _) = view(registry, &resolver, NetnsKey::Record(id), rec);
     view.alive = false;
     if view.bind_mounts.is_empty() {
         view.bind_mounts.clone_from(&rec.last_mounts);
@@ -184,22 +202,9 @@ pub(super) fn dying(registry: &Registry, id: RecordId, source: DeathSource, at: 
     Some(view)
 }
 
-/// The whole model at `now`: the agent's own netns, the live ones by first
-/// sight, then the recently dead.
-pub(super) fn snapshot(registry: &Registry, dead: &DeadViews, stats: ModelStats, now: SystemTime) -> ModelSnapshot {
-    let resolver = Resolver::new(registry, None);
+fn host_routes(registry: &Registry, resolver: &Resolver) -> Vec<HostRouteView> {
     let host = registry.host();
-    let mut netns = vec![view(registry, &resolver, NetnsKey::Host, host, now)];
-    let mut live: Vec<(RecordId, &Netns)> = registry.records().collect();
-    live.sort_by_key(|&(id, r)| (r.first_seen, id));
-    netns.extend(live.into_iter().map(|(id, r)| view(registry, &resolver, NetnsKey::Record(id), r, now)));
-    netns.extend(dead.views.iter().map(|d| {
-        let mut d = d.clone();
-        d.age_secs = age(now, d.first_seen).as_secs();
-        d
-    }));
-    let host_routes = host
-        .routes
+    host.routes
         .iter()
         .map(|(k, &protocol)| {
             let link = host.links.get(&k.oif);
@@ -213,14 +218,210 @@ pub(super) fn snapshot(registry: &Registry, dead: &DeadViews, stats: ModelStats,
                 netns: link.and_then(|l| l.link).and_then(|p| resolver.link_ref(NetnsKey::Host, k.oif, p).netns),
             }
         })
-        .collect();
-    ModelSnapshot { taken_at: now, netns, host_routes, stats }
+        .collect()
+}
+
+/// Live records in snapshot order: by first sight.
+fn live_in_order(registry: &Registry) -> Vec<(RecordId, &Netns)> {
+    let mut live: Vec<(RecordId, &Netns)> = registry.records().collect();
+    live.sort_by_key(|&(id, r)| (r.first_seen, id));
+    live
+}
+
+/// The whole model at `now`, built from nothing: the agent's own netns,
+/// the live ones by first sight, then the recently dead. What [`Views`]
+/// keeps up to date must always equal this.
+pub(super) fn fresh_snapshot(
+    registry: &Registry,
+    dead: &DeadViews,
+    stats: ModelStats,
+    now: SystemTime,
+) -> ModelSnapshot {
+    let resolver = Resolver::new(registry, |_| true);
+    let mut netns = vec![Arc::new(view(registry, &resolver, NetnsKey::Host, registry.host()).0)];
+    netns.extend(
+        live_in_order(registry)
+            .into_iter()
+            .map(|(id, r)| Arc::new(view(registry, &resolver, NetnsKey::Record(id), r).0)),
+    );
+    netns.extend(dead.views.iter().cloned());
+    ModelSnapshot { taken_at: now, netns, host_routes: host_routes(registry, &resolver), stats }
+}
+
+/// What changed in the registry since the views were last brought up to
+/// date: what a view shows of a netns, one of its links, its identity, a
+/// host route. The registry records them as it changes.
+#[derive(Debug, Default)]
+pub(super) struct Changes {
+    /// Netns whose own view changed (links, addresses, creator, sighting).
+    pub(super) netns: HashSet<NetnsKey>,
+    /// Links added, changed or removed: the views that show their name or
+    /// are placed through them change too.
+    links: HashSet<(NetnsKey, u32)>,
+    /// Netns created, removed, or given an inode or nsid: those that name
+    /// them change, and an nsid may now name another netns.
+    identities: HashSet<NetnsKey>,
+    /// Host routes added, changed or removed.
+    routes: HashSet<RouteKey>,
+}
+
+impl Changes {
+    pub(super) fn link(&mut self, key: NetnsKey, ifindex: u32) {
+        self.netns.insert(key);
+        self.links.insert((key, ifindex));
+    }
+
+    pub(super) fn identity(&mut self, key: NetnsKey) {
+        self.netns.insert(key);
+        self.identities.insert(key);
+    }
+
+    pub(super) fn route(&mut self, route: RouteKey) {
+        self.routes.insert(route);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.netns.is_empty() && self.links.is_empty() && self.identities.is_empty() && self.routes.is_empty()
+    }
+}
+
+/// A view as last built, and the links of other netns it read.
+struct Built {
+    view: Arc<NetnsView>,
+    reads: Vec<(NetnsKey, u32)>,
+}
+
+/// The views of the live netns, kept up to date in proportion to what
+/// changed: a snapshot shares every view whose netns (and whatever it
+/// shows of others) did not change since the previous one.
+#[derive(Default)]
+pub(super) struct Views {
+    built: HashMap<NetnsKey, Built>,
+    /// netns -> its links -> the views that read them.
+    readers: HashMap<NetnsKey, HashMap<u32, HashSet<NetnsKey>>>,
+    /// Views with a link that names an nsid no netns held when built.
+    unresolved: HashSet<NetnsKey>,
+    host_routes: Vec<HostRouteView>,
+}
+
+impl Views {
+    /// The views that `changes` may have changed.
+    fn stale(&self, registry: &Registry, changes: &Changes) -> HashSet<NetnsKey> {
+        let mut stale = changes.netns.clone();
+        let readers_of_link = |key: NetnsKey, ifindex: u32| {
+            self.readers.get(&key).and_then(|links| links.get(&ifindex)).into_iter().flatten().copied()
+        };
+        // The netns a link of `key` names now (it may place a peer there).
+        let target = |key: NetnsKey, ifindex: u32| {
+            let l = netns(registry, key)?.links.get(&ifindex)?;
+            l.link?;
+            match l.link_netns {
+                LinkNetns::Same => Some(key),
+                LinkNetns::Nsid(n) => by_nsid(registry, n),
+                LinkNetns::Unverified => None,
+            }
+        };
+        for &(key, ifindex) in &changes.links {
+            stale.extend(readers_of_link(key, ifindex));
+            stale.extend(target(key, ifindex));
+        }
+        for r in &changes.routes {
+            stale.extend(readers_of_link(NetnsKey::Host, r.oif));
+            stale.extend(target(NetnsKey::Host, r.oif));
+        }
+        if !changes.identities.is_empty() {
+            stale.extend(self.unresolved.iter().copied());
+        }
+        for key in &changes.identities {
+            stale.extend(self.readers.get(key).into_iter().flat_map(HashMap::values).flatten().copied());
+        }
+        stale
+    }
+
+    fn forget(&mut self, key: NetnsKey) -> Option<Built> {
+        let old = self.built.remove(&key)?;
+        for (o, ifindex) in &old.reads {
+            if let Some(links) = self.readers.get_mut(o) {
+                if let Some(readers) = links.get_mut(ifindex) {
+                    readers.remove(&key);
+                    if readers.is_empty() {
+                        links.remove(ifindex);
+                    }
+                }
+                if links.is_empty() {
+                    self.readers.remove(o);
+                }
+            }
+        }
+        self.unresolved.remove(&key);
+        Some(old)
+    }
+
+    fn keep(&mut self, key: NetnsKey, ns: &Netns, registry: &Registry, view: NetnsView, reads: Vec<(NetnsKey, u32)>) {
+        for &(o, ifindex) in &reads {
+            self.readers.entry(o).or_default().entry(ifindex).or_default().insert(key);
+        }
+        let unresolved = ns
+            .links
+            .values()
+            .any(|l| l.link.is_some() && matches!(l.link_netns, LinkNetns::Nsid(n) if by_nsid(registry, n).is_none()));
+        if unresolved {
+            self.unresolved.insert(key);
+        }
+        self.built.insert(key, Built { view: Arc::new(view), reads });
+    }
+
+    /// Rebuilds the views `changes` may have changed.
+    fn update(&mut self, registry: &Registry, changes: &Changes) {
+        if changes.is_empty() && !self.built.is_empty() {
+            return;
+        }
+        let mut stale = self.stale(registry, changes);
+        if self.built.is_empty() {
+            stale.insert(NetnsKey::Host);
+            stale.extend(registry.records().map(|(id, _)| NetnsKey::Record(id)));
+        }
+        let resolver = Resolver::new(registry, |k| stale.contains(&k));
+        for &key in &stale {
+            self.forget(key);
+            let Some(ns) = netns(registry, key) else { continue };
+            let (view, reads) = view(registry, &resolver, key, ns);
+            self.keep(key, ns, registry, view, reads);
+        }
+        // Which netns a host route leads into can change with a link of any
+        // netns (a peer placed from the other end): any change rebuilds them
+        // (O(host routes), the host's own table).
+        self.host_routes = host_routes(registry, &resolver);
+    }
+
+    /// The whole model at `now`: the agent's own netns, the live ones by
+    /// first sight, then the recently dead. Rebuilds only the views that
+    /// `changes` (everything since the previous call) may have changed.
+    pub(super) fn snapshot(
+        &mut self,
+        registry: &Registry,
+        changes: &Changes,
+        dead: &DeadViews,
+        stats: ModelStats,
+        now: SystemTime,
+    ) -> ModelSnapshot {
+        self.update(registry, changes);
+        let mut netns = Vec::with_capacity(self.built.len() + dead.views.len());
+        netns.extend(self.built.get(&NetnsKey::Host).map(|b| Arc::clone(&b.view)));
+        netns.extend(
+            live_in_order(registry)
+                .into_iter()
+                .filter_map(|(id, _)| self.built.get(&NetnsKey::Record(id)).map(|b| Arc::clone(&b.view))),
+        );
+        netns.extend(dead.views.iter().cloned());
+        ModelSnapshot { taken_at: now, netns, host_routes: self.host_routes.clone(), stats }
+    }
 }
 
 /// Views of the netns that died recently, oldest death first.
 #[derive(Debug)]
 pub(super) struct DeadViews {
-    views: VecDeque<NetnsView>,
+    views: VecDeque<Arc<NetnsView>>,
     /// How long one is kept.
     retention: Duration,
     /// At most this many are kept.
@@ -233,7 +434,7 @@ impl DeadViews {
     }
 
     pub(super) fn push(&mut self, view: NetnsView) {
-        self.views.push_back(view);
+        self.views.push_back(Arc::new(view));
         if self.views.len() > self.max {
             self.views.pop_front();
         }
