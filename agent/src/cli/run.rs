@@ -14,6 +14,7 @@ pub struct RunArgs {
 }
 
 pub fn main(args: &RunArgs) -> anyhow::Result<()> {
+    one_malloc_arena();
     let config = Config::load(&args.config).context("configuration")?;
     logging::init(&config.log);
     // One runtime. The agent's event loop runs on this thread (block_on);
@@ -27,4 +28,19 @@ pub fn main(args: &RunArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(daemon::run(config))
+}
+
+/// glibc gives each thread that allocates its own malloc arena (up to 8 per
+/// core) and keeps what is freed there for that arena: the runtime's
+/// threads, each in turn building a reconcile's worth of data, held one
+/// copy of the agent's peak each (issue 13, 1,000-netns burst: agent VmHWM
+/// 123 MiB with the default, 74 MiB with one arena, same build and load).
+/// The agent's few threads seldom allocate at the same instant.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: sets a malloc tunable; called first thing, before the runtime
+    // starts any thread. A failure (0) leaves glibc's default.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }

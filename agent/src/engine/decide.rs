@@ -10,16 +10,17 @@
 //! container while the owner is dead is a CONFLICT: reported, never released.
 
 use std::{
+    collections::HashMap,
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use super::{
     claim::Claim,
-    index::Index,
+    index::{BindingLink, Index},
     observations::{DeadNetns, LiveNetns, Observations},
     policy::Policy,
-    verdict::{BoundBy, Fact, Status, Verdict},
+    verdict::{BoundBy, Evidence, Fact, Status, Verdict},
 };
 
 /// How far apart two wall-clock times from different sources (a death
@@ -40,7 +41,36 @@ pub fn decide<R: Claim + Clone>(
     policy: &Policy,
 ) -> Vec<Verdict<R>> {
     let index = Index::new(obs);
-    reservations.iter().map(|r| decide_indexed(&index, r, now, policy)).collect()
+    let mut shared = SharedEvidence::default();
+    reservations
+        .iter()
+        .map(|r| {
+            let (status, facts) = judge(&index, r, now, policy);
+            Verdict::with_evidence(r, status, shared.evidence(r.container_id(), facts))
+        })
+        .collect()
+}
+
+/// One evidence list per distinct list of facts a container's reservations
+/// got: a pod attached to 10 networks has 10 reservations, almost always
+/// decided by the same facts (which name the netns, not the IP). Keeps the
+/// last list per container; equal facts share it.
+#[derive(Default)]
+struct SharedEvidence<'r> {
+    last: HashMap<&'r str, Arc<[Evidence]>, foldhash::fast::RandomState>,
+}
+
+impl<'r> SharedEvidence<'r> {
+    fn evidence(&mut self, container_id: &'r str, facts: Vec<Fact>) -> Arc<[Evidence]> {
+        if let Some(last) = self.last.get(container_id)
+            && last.iter().map(|e| &e.fact).eq(facts.iter())
+        {
+            return Arc::clone(last);
+        }
+        let evidence: Arc<[Evidence]> = facts.into_iter().map(Evidence::from).collect();
+        self.last.insert(container_id, Arc::clone(&evidence));
+        evidence
+    }
 }
 
 /// Where a container's netns stands, from one piece of evidence.
@@ -55,15 +85,15 @@ enum Link<'a> {
 fn links<'a>(ix: &Index<'a>, r: &impl Claim) -> Vec<Link<'a>> {
     let cid = r.container_id();
     let mut out = Vec::new();
-    for (b, name) in ix.bindings_of_shared(cid) {
-        let via = BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
-        if let Some(live) = ix.live_matching(&b.netns) {
-            out.push(Link::Live(live, via));
-        } else if let Some(dead) = ix.dead_matching(&b.netns, b.seen_at) {
-            out.push(Link::Dead(dead, via));
-        } else {
-            let fact = Fact::UnresolvedBinding { netns: name, source: b.source, seen_at: b.seen_at };
-            out.push(Link::Unresolved(fact, b.seen_at));
+    for (b, name, link) in ix.bindings_of_shared(cid) {
+        let via = || BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
+        match link {
+            BindingLink::Live(live) => out.push(Link::Live(live, via())),
+            BindingLink::Dead(dead) => out.push(Link::Dead(dead, via())),
+            BindingLink::Unresolved => {
+                let fact = Fact::UnresolvedBinding { netns: Arc::clone(&name), source: b.source, seen_at: b.seen_at };
+                out.push(Link::Unresolved(fact, b.seen_at));
+            }
         }
     }
     for live in ix.live_of_container(cid) {
@@ -85,10 +115,12 @@ fn links<'a>(ix: &Index<'a>, r: &impl Claim) -> Vec<Link<'a>> {
 /// shares them across many).
 #[must_use]
 pub fn decide_one<R: Claim + Clone>(obs: &Observations, r: &R, now: SystemTime, policy: &Policy) -> Verdict<R> {
-    decide_indexed(&Index::new(obs), r, now, policy)
+    let (status, facts) = judge(&Index::new(obs), r, now, policy);
+    Verdict::new(r, status, facts)
 }
 
-fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, policy: &Policy) -> Verdict<R> {
+/// The status of one reservation and the facts that decided it.
+fn judge(ix: &Index<'_>, r: &impl Claim, now: SystemTime, policy: &Policy) -> (Status, Vec<Fact>) {
     let obs = ix.obs;
     // A file stamped in the future (clock step) counts as brand new.
     let age = now.duration_since(r.reserved_at()).unwrap_or(Duration::ZERO);
@@ -152,7 +184,7 @@ fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, poli
     if !in_use.is_empty() {
         in_use.extend(pending);
         in_use.extend(ip_elsewhere);
-        return Verdict::new(r, Status::InUse, in_use);
+        return (Status::InUse, in_use);
     }
 
     // Is the owner dead? Seen to die beats age: every netns it was tied to
@@ -176,24 +208,24 @@ fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, poli
         if conflict {
             facts.extend(runtime_gone.unwrap_or_default());
             facts.extend(death_facts(died, dead, unresolved, age, policy));
-            return Verdict::new(r, Status::Conflict, facts);
+            return (Status::Conflict, facts);
         }
         facts.extend(pending);
         facts.extend(dead);
         facts.extend(unresolved.into_iter().map(|(f, _)| f));
-        return Verdict::new(r, Status::InUse, facts);
+        return (Status::InUse, facts);
     }
 
     if !pending.is_empty() {
         pending.extend(dead);
-        return Verdict::new(r, Status::Pending, pending);
+        return (Status::Pending, pending);
     }
 
     if !owner_dead {
         let mut facts: Vec<Fact> = unresolved.into_iter().map(|(f, _)| f).collect();
         facts.push(Fact::AwaitingOrphanGrace { age, grace: policy.orphan_grace });
         facts.extend(dead);
-        return Verdict::new(r, Status::Pending, facts);
+        return (Status::Pending, facts);
     }
 
     let mut facts = match runtime_gone {
@@ -206,7 +238,7 @@ fn decide_indexed<R: Claim + Clone>(ix: &Index<'_>, r: &R, now: SystemTime, poli
     if obs.api_pods.is_none() {
         facts.push(Fact::SourceUnavailable { source: "Kubernetes API pod list".into() });
     }
-    Verdict::new(r, Status::Orphaned, facts)
+    (Status::Orphaned, facts)
 }
 
 /// The youth grace stands in for CNI runs the agent may have missed. It is

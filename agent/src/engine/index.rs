@@ -24,11 +24,79 @@ pub fn path_key(p: &Path) -> PathBuf {
     key
 }
 
-fn push<K: std::hash::Hash + Eq>(map: &mut HashMap<K, Vec<usize>>, key: K, i: usize) {
-    let v = map.entry(key).or_default();
-    if v.last() != Some(&i) {
-        v.push(i);
+/// The tables' hash maps: foldhash, seeded per process, instead of SipHash
+/// (most keys are 64-byte container IDs and every reservation looks up
+/// several).
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Positions in an observation list, in order. Almost every key (an IP, a
+/// container, a path) names one netns: that one is kept inline, not in a
+/// vector of its own (100k addresses make 100k keys).
+#[derive(Debug, Clone)]
+enum Positions {
+    One(u32),
+    #[expect(
+        clippy::box_collection,
+        reason = "16 bytes a key instead of 32: the rare key with many pays a second allocation"
+    )]
+    Many(Box<Vec<u32>>),
+}
+
+impl Positions {
+    fn as_slice(&self) -> &[u32] {
+        match self {
+            Self::One(i) => std::slice::from_ref(i),
+            Self::Many(v) => v,
+        }
     }
+}
+
+/// Positions of `key` (none when absent), in order.
+fn at<'m, K, Q>(map: &'m Map<K, Positions>, key: &Q) -> impl Iterator<Item = usize> + use<'m, K, Q>
+where
+    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
+    Q: std::hash::Hash + Eq + ?Sized,
+{
+    map.get(key).map(Positions::as_slice).unwrap_or_default().iter().map(|&i| i as usize)
+}
+
+fn push<K: std::hash::Hash + Eq>(map: &mut Map<K, Positions>, key: K, i: usize) {
+    // An observation list longer than u32 positions cannot be held in memory.
+    let i = u32::try_from(i).unwrap_or(u32::MAX);
+    match map.entry(key) {
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(Positions::One(i));
+        }
+        std::collections::hash_map::Entry::Occupied(mut e) => match e.get_mut() {
+            Positions::One(last) if *last == i => {}
+            Positions::One(first) => {
+                let first = *first;
+                e.insert(Positions::Many(Box::new(vec![first, i])));
+            }
+            Positions::Many(v) => {
+                if v.last() != Some(&i) {
+                    v.push(i);
+                }
+            }
+        },
+    }
+}
+
+/// Where a binding's netns stands: what [`Index::live_matching`] and
+/// [`Index::dead_matching`] say of it, found once per binding instead of
+/// once per reservation of its container.
+#[derive(Debug, Clone, Copy)]
+enum Resolved {
+    Live(usize),
+    Dead(usize),
+    Unresolved,
+}
+
+/// A binding of a container, with where its netns stands.
+pub enum BindingLink<'a> {
+    Live(&'a LiveNetns),
+    Dead(&'a DeadNetns),
+    Unresolved,
 }
 
 /// A live netns with the lists facts cite, shared.
@@ -40,30 +108,32 @@ pub struct LiveShared<'a> {
 
 pub struct Index<'a> {
     pub obs: &'a Observations,
-    live_by_inode: HashMap<u64, Vec<usize>>,
-    live_by_nsid: HashMap<i32, Vec<usize>>,
-    live_by_path: HashMap<PathBuf, Vec<usize>>,
-    live_by_ip: HashMap<IpAddr, Vec<usize>>,
-    live_by_container: HashMap<&'a str, Vec<usize>>,
-    dead_by_inode: HashMap<u64, Vec<usize>>,
-    dead_by_nsid: HashMap<i32, Vec<usize>>,
-    dead_by_path: HashMap<PathBuf, Vec<usize>>,
-    dead_by_container: HashMap<&'a str, Vec<usize>>,
+    live_by_inode: Map<u64, Positions>,
+    live_by_nsid: Map<i32, Positions>,
+    live_by_path: Map<PathBuf, Positions>,
+    live_by_ip: Map<IpAddr, Positions>,
+    live_by_container: Map<&'a str, Positions>,
+    dead_by_inode: Map<u64, Positions>,
+    dead_by_nsid: Map<i32, Positions>,
+    dead_by_path: Map<PathBuf, Positions>,
+    dead_by_container: Map<&'a str, Positions>,
     /// Dead netns bound to no known container, by the addresses they held.
-    unowned_dead_by_ip: HashMap<IpAddr, Vec<usize>>,
-    bindings_by_container: HashMap<&'a str, Vec<usize>>,
+    unowned_dead_by_ip: Map<IpAddr, Positions>,
+    bindings_by_container: Map<&'a str, Positions>,
     /// Runs by exact container ID (truncated IDs included as written).
-    ops_by_container: HashMap<&'a str, Vec<usize>>,
+    ops_by_container: Map<&'a str, Positions>,
     /// Runs that may concern any container: no ID, or a truncated one.
     ops_wildcard: Vec<usize>,
-    sandboxes: Option<HashSet<&'a str>>,
-    pods_by_ip: HashMap<IpAddr, Vec<usize>>,
+    sandboxes: Option<HashSet<&'a str, foldhash::fast::RandomState>>,
+    pods_by_ip: Map<IpAddr, Positions>,
     /// Per live netns, its paths and containers in the shared form facts
     /// cite them in: 100k verdicts about 10k netns hold 10k lists, not 100k.
     live_paths: Vec<Arc<[PathBuf]>>,
     live_containers: Vec<Arc<[String]>>,
     /// Per binding, its netns name in the shared form facts cite it in.
     binding_names: Vec<Arc<NetnsName>>,
+    /// Per binding, where its netns stands.
+    binding_resolved: Vec<Resolved>,
 }
 
 impl<'a> Index<'a> {
@@ -71,24 +141,25 @@ impl<'a> Index<'a> {
     pub fn new(obs: &'a Observations) -> Self {
         let mut ix = Self {
             obs,
-            live_by_inode: HashMap::new(),
-            live_by_nsid: HashMap::new(),
-            live_by_path: HashMap::new(),
-            live_by_ip: HashMap::new(),
-            live_by_container: HashMap::new(),
-            dead_by_inode: HashMap::new(),
-            dead_by_nsid: HashMap::new(),
-            dead_by_path: HashMap::new(),
-            dead_by_container: HashMap::new(),
-            unowned_dead_by_ip: HashMap::new(),
-            bindings_by_container: HashMap::new(),
-            ops_by_container: HashMap::new(),
+            live_by_inode: Map::default(),
+            live_by_nsid: Map::default(),
+            live_by_path: Map::default(),
+            live_by_ip: Map::default(),
+            live_by_container: Map::default(),
+            dead_by_inode: Map::default(),
+            dead_by_nsid: Map::default(),
+            dead_by_path: Map::default(),
+            dead_by_container: Map::default(),
+            unowned_dead_by_ip: Map::default(),
+            bindings_by_container: Map::default(),
+            ops_by_container: Map::default(),
             ops_wildcard: Vec::new(),
             sandboxes: obs.runtime_sandboxes.as_ref().map(|s| s.iter().map(String::as_str).collect()),
-            pods_by_ip: HashMap::new(),
+            pods_by_ip: Map::default(),
             live_paths: obs.live.iter().map(|n| Arc::from(n.paths.as_slice())).collect(),
             live_containers: obs.live.iter().map(|n| Arc::from(n.container_ids.as_slice())).collect(),
             binding_names: obs.bindings.iter().map(|b| Arc::new(b.netns.clone())).collect(),
+            binding_resolved: Vec::new(),
         };
         for (i, n) in obs.live.iter().enumerate() {
             n.id.inode.into_iter().for_each(|k| push(&mut ix.live_by_inode, k, i));
@@ -122,49 +193,58 @@ impl<'a> Index<'a> {
                 p.ips.iter().for_each(|ip| push(&mut ix.pods_by_ip, *ip, i));
             }
         }
+        ix.binding_resolved = obs
+            .bindings
+            .iter()
+            .map(|b| {
+                if let Some(i) = ix.live_position(&b.netns) {
+                    Resolved::Live(i)
+                } else if let Some(i) = ix.dead_position(&b.netns, b.seen_at) {
+                    Resolved::Dead(i)
+                } else {
+                    Resolved::Unresolved
+                }
+            })
+            .collect();
         ix
     }
 
     /// Candidates for an identity, by inode and by nsid, in observation
     /// order (a netns known only by nsid is found through its nsid).
-    fn by_id<'m>(
-        by_inode: &'m HashMap<u64, Vec<usize>>,
-        by_nsid: &'m HashMap<i32, Vec<usize>>,
-        id: &NetnsId,
-    ) -> impl Iterator<Item = &'m usize> + 'm {
-        let mut found: Vec<&usize> = id
+    fn by_id(by_inode: &Map<u64, Positions>, by_nsid: &Map<i32, Positions>, id: &NetnsId) -> Vec<usize> {
+        let mut found: Vec<usize> = id
             .inode
-            .and_then(|i| by_inode.get(&i))
             .into_iter()
-            .flatten()
-            .chain(id.nsid.and_then(|n| by_nsid.get(&n)).into_iter().flatten())
+            .flat_map(|i| at(by_inode, &i))
+            .chain(id.nsid.into_iter().flat_map(|n| at(by_nsid, &n)))
             .collect();
         found.sort_unstable();
         found.dedup();
-        found.into_iter()
+        found
     }
 
-    /// Live netns a reference may name (first in observation order).
-    #[must_use]
-    pub fn live_matching(&self, netns: &NetnsName) -> Option<&'a LiveNetns> {
+    /// Position of the live netns a reference may name (first in
+    /// observation order).
+    fn live_position(&self, netns: &NetnsName) -> Option<usize> {
         let obs = self.obs;
         match netns {
             NetnsName::Id(id) => Self::by_id(&self.live_by_inode, &self.live_by_nsid, id)
-                .map(|&i| &obs.live[i])
-                .find(|n| n.id.may_be(id)),
-            NetnsName::Path(p) => self.live_by_path.get(&path_key(p))?.first().map(|&i| &obs.live[i]),
+                .into_iter()
+                .find(|&i| obs.live[i].id.may_be(id)),
+            NetnsName::Path(p) => at(&self.live_by_path, &path_key(p)).next(),
         }
     }
 
-    /// Dead netns a reference may name, seen bound before it died.
-    #[must_use]
-    pub fn dead_matching(&self, netns: &NetnsName, seen_at: std::time::SystemTime) -> Option<&'a DeadNetns> {
+    /// Position of the dead netns a reference may name, seen bound before
+    /// it died.
+    fn dead_position(&self, netns: &NetnsName, seen_at: std::time::SystemTime) -> Option<usize> {
         let obs = self.obs;
         let bucket = match netns {
-            NetnsName::Id(id) => Self::by_id(&self.dead_by_inode, &self.dead_by_nsid, id).collect::<Vec<_>>(),
-            NetnsName::Path(p) => self.dead_by_path.get(&path_key(p))?.iter().collect(),
+            NetnsName::Id(id) => Self::by_id(&self.dead_by_inode, &self.dead_by_nsid, id),
+            NetnsName::Path(p) => at(&self.dead_by_path, &path_key(p)).collect(),
         };
-        bucket.into_iter().map(|&i| &obs.dead[i]).find(|d| {
+        bucket.into_iter().find(|&i| {
+            let d = &obs.dead[i];
             seen_at <= d.died_at
                 && match netns {
                     NetnsName::Id(id) => d.id.may_be(id),
@@ -173,14 +253,28 @@ impl<'a> Index<'a> {
         })
     }
 
+    /// Live netns a reference may name (first in observation order).
+    #[must_use]
+    pub fn live_matching(&self, netns: &NetnsName) -> Option<&'a LiveNetns> {
+        let obs = self.obs;
+        self.live_position(netns).map(|i| &obs.live[i])
+    }
+
+    /// Dead netns a reference may name, seen bound before it died.
+    #[must_use]
+    pub fn dead_matching(&self, netns: &NetnsName, seen_at: std::time::SystemTime) -> Option<&'a DeadNetns> {
+        let obs = self.obs;
+        self.dead_position(netns, seen_at).map(|i| &obs.dead[i])
+    }
+
     pub fn live_holding(&self, ip: IpAddr) -> impl Iterator<Item = &'a LiveNetns> + '_ {
-        self.live_by_ip.get(&ip).into_iter().flatten().map(|&i| &self.obs.live[i])
+        at(&self.live_by_ip, &ip).map(|i| &self.obs.live[i])
     }
 
     /// [`Index::live_holding`] with each netns' paths and containers in
     /// their shared form.
     pub fn live_holding_shared(&self, ip: IpAddr) -> impl Iterator<Item = LiveShared<'a>> + '_ {
-        self.live_by_ip.get(&ip).into_iter().flatten().map(|&i| LiveShared {
+        at(&self.live_by_ip, &ip).map(|i| LiveShared {
             netns: &self.obs.live[i],
             paths: Arc::clone(&self.live_paths[i]),
             containers: Arc::clone(&self.live_containers[i]),
@@ -188,20 +282,16 @@ impl<'a> Index<'a> {
     }
 
     pub fn live_of_container(&self, cid: &str) -> impl Iterator<Item = &'a LiveNetns> + '_ {
-        self.live_by_container.get(cid).into_iter().flatten().map(|&i| &self.obs.live[i])
+        at(&self.live_by_container, cid).map(|i| &self.obs.live[i])
     }
 
     /// Dead netns of this container, and unowned dead netns that held `ip`,
     /// in observation order; the flag says which (true: the container's).
     #[must_use]
     pub fn dead_of_container_or_ip(&self, cid: &str, ip: IpAddr) -> Vec<(&'a DeadNetns, bool)> {
-        let mut idx: Vec<(usize, bool)> = self
-            .dead_by_container
-            .get(cid)
-            .into_iter()
-            .flatten()
-            .map(|&i| (i, true))
-            .chain(self.unowned_dead_by_ip.get(&ip).into_iter().flatten().map(|&i| (i, false)))
+        let mut idx: Vec<(usize, bool)> = at(&self.dead_by_container, cid)
+            .map(|i| (i, true))
+            .chain(at(&self.unowned_dead_by_ip, &ip).map(|i| (i, false)))
             .collect();
         idx.sort_unstable();
         idx.dedup_by_key(|(i, _)| *i);
@@ -209,22 +299,30 @@ impl<'a> Index<'a> {
     }
 
     pub fn bindings_of(&self, cid: &str) -> impl Iterator<Item = &'a Binding> + '_ {
-        self.bindings_by_container.get(cid).into_iter().flatten().map(|&i| &self.obs.bindings[i])
+        at(&self.bindings_by_container, cid).map(|i| &self.obs.bindings[i])
     }
 
-    /// [`Index::bindings_of`], each with its netns name in the shared form.
-    pub fn bindings_of_shared(&self, cid: &str) -> impl Iterator<Item = (&'a Binding, Arc<NetnsName>)> + '_ {
-        self.bindings_by_container
-            .get(cid)
-            .into_iter()
-            .flatten()
-            .map(|&i| (&self.obs.bindings[i], Arc::clone(&self.binding_names[i])))
+    /// [`Index::bindings_of`], each with its netns name in the shared form
+    /// and where that netns stands.
+    pub fn bindings_of_shared(
+        &self,
+        cid: &str,
+    ) -> impl Iterator<Item = (&'a Binding, Arc<NetnsName>, BindingLink<'a>)> + '_ {
+        let obs = self.obs;
+        at(&self.bindings_by_container, cid).map(move |i| {
+            let link = match self.binding_resolved[i] {
+                Resolved::Live(n) => BindingLink::Live(&obs.live[n]),
+                Resolved::Dead(n) => BindingLink::Dead(&obs.dead[n]),
+                Resolved::Unresolved => BindingLink::Unresolved,
+            };
+            (&obs.bindings[i], Arc::clone(&self.binding_names[i]), link)
+        })
     }
 
     /// Runs that may concern `cid`, in observation order.
     #[must_use]
     pub fn ops_concerning(&self, cid: &str) -> Vec<&'a CniOp> {
-        let mut idx: Vec<usize> = self.ops_by_container.get(cid).into_iter().flatten().copied().collect();
+        let mut idx: Vec<usize> = at(&self.ops_by_container, cid).collect();
         idx.extend(self.ops_wildcard.iter().copied().filter(|&i| self.obs.cni_ops[i].may_concern(cid)));
         idx.sort_unstable();
         idx.dedup();
@@ -233,7 +331,7 @@ impl<'a> Index<'a> {
 
     /// Runs whose container ID is exactly `cid`.
     pub fn ops_of_exactly(&self, cid: &str) -> impl Iterator<Item = &'a CniOp> + '_ {
-        self.ops_by_container.get(cid).into_iter().flatten().map(|&i| &self.obs.cni_ops[i])
+        at(&self.ops_by_container, cid).map(|i| &self.obs.cni_ops[i])
     }
 
     /// None when the runtime is not a source.
@@ -244,6 +342,6 @@ impl<'a> Index<'a> {
 
     pub fn pods_with(&self, ip: IpAddr) -> impl Iterator<Item = &'a ApiPod> + '_ {
         let pods = self.obs.api_pods.as_deref().unwrap_or_default();
-        self.pods_by_ip.get(&ip).into_iter().flatten().map(move |&i| &pods[i])
+        at(&self.pods_by_ip, &ip).map(move |i| &pods[i])
     }
 }

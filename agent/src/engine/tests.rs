@@ -234,6 +234,26 @@ fn a_pending_pod_named_by_a_cni_run_keeps_its_containers_reservations() {
 /// each fact's `text` and the verdict's `summary`, exactly as the sentences
 /// read, and reads back to the same verdict.
 #[test]
+fn one_pods_reservations_share_one_evidence_list() {
+    // A pod on three networks: three reservations decided by the same facts
+    // (they name the netns, not the IP) hold one list; a fourth with another
+    // fact (its IP is in no netns) gets its own.
+    let obs = Observations {
+        live: vec![live(id(1, 1), &["c1"], &["10.0.0.2", "10.1.0.2", "10.2.0.2"], &["/run/netns/p1"])],
+        ..Observations::default()
+    };
+    let rs: Vec<_> = ["10.0.0.2", "10.1.0.2", "10.2.0.2", "10.3.0.2"].iter().map(|a| res("c1", a, t(0))).collect();
+    let v = decide(&obs, &rs, now(), &Policy::default());
+    assert!(v.iter().all(|v| v.status == Status::InUse));
+    assert!(std::sync::Arc::ptr_eq(&v[0].evidence, &v[1].evidence));
+    assert!(std::sync::Arc::ptr_eq(&v[0].evidence, &v[2].evidence));
+    assert!(!std::sync::Arc::ptr_eq(&v[0].evidence, &v[3].evidence));
+    assert_ne!(v[0].evidence, v[3].evidence);
+    let each: Vec<_> = rs.iter().map(|r| one(&obs, r)).collect();
+    assert_eq!(v, each);
+}
+
+#[test]
 fn verdict_json_carries_rendered_sentences_and_reads_back() {
     let r = res("c1", "10.0.0.2", now() - Duration::from_secs(40));
     let obs = Observations {
@@ -671,6 +691,21 @@ proptest! {
             .collect();
         let dead_indexed: Vec<_> = ix.dead_of_container_or_ip(&cid, addr).into_iter().map(|(d, _)| d).collect();
         prop_assert_eq!(dead_indexed, dead_linear);
+        // Where each binding's netns stands is found once, at build time:
+        // exactly what matching it then would find.
+        for c in obs.bindings.iter().map(|b| &b.container_id) {
+            for (b, name, link) in ix.bindings_of_shared(c) {
+                prop_assert_eq!(&*name, &b.netns);
+                let (live, dead) = (ix.live_matching(&b.netns), ix.dead_matching(&b.netns, b.seen_at));
+                match link {
+                    super::index::BindingLink::Live(n) => prop_assert!(live.is_some_and(|l| std::ptr::eq(l, n))),
+                    super::index::BindingLink::Dead(d) => {
+                        prop_assert!(live.is_none() && dead.is_some_and(|x| std::ptr::eq(x, d)));
+                    }
+                    super::index::BindingLink::Unresolved => prop_assert!(live.is_none() && dead.is_none()),
+                }
+            }
+        }
     }
 
     #[test]

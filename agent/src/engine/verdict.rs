@@ -310,15 +310,18 @@ impl<'de> Deserialize<'de> for Evidence {
 pub struct Verdict<R = Reservation> {
     pub reservation: R,
     pub status: Status,
-    /// The facts that decided it, the deciding ones first.
-    pub evidence: Vec<Evidence>,
+    /// The facts that decided it, the deciding ones first. Shared: the
+    /// reservations of one pod (one per network it is attached to) are
+    /// mostly decided by the same facts, and `decide` hands them one list.
+    pub evidence: Arc<[Evidence]>,
 }
 
 impl<R: Claim + Clone> Verdict<R> {
     pub(crate) fn new(reservation: &R, status: Status, facts: Vec<Fact>) -> Self {
-        let mut evidence: Vec<Evidence> = facts.into_iter().map(Evidence::from).collect();
-        // Kept for as long as the verdict is: no spare capacity.
-        evidence.shrink_to_fit();
+        Self::with_evidence(reservation, status, facts.into_iter().map(Evidence::from).collect())
+    }
+
+    pub(crate) fn with_evidence(reservation: &R, status: Status, evidence: Arc<[Evidence]>) -> Self {
         Self { reservation: reservation.clone(), status, evidence }
     }
 }
@@ -371,7 +374,7 @@ struct VerdictOut<'a, R> {
 struct VerdictIn<R> {
     reservation: R,
     status: Status,
-    evidence: Vec<Evidence>,
+    evidence: Arc<[Evidence]>,
 }
 
 /// Written as before the sentences became derived: `summary` included.

@@ -5,9 +5,11 @@
 //! flock) and `last_reserved_ip.<range>`, which are not reservations.
 
 use std::{
-    fs, io,
+    ffi::{CStr, OsStr},
+    fs,
+    io::{self, Write as _},
     net::IpAddr,
-    os::unix::fs::MetadataExt,
+    os::unix::{ffi::OsStrExt, fs::MetadataExt},
     path::{Path, PathBuf},
     sync::Arc,
     time::SystemTime,
@@ -17,7 +19,7 @@ use super::{
     Anomaly, AnomalyKind, Owner, Reservation, ReservationData, ReservationStore, StoreRef, StoreScan,
     is_printable_text,
     safefs::{self, Dir},
-    shared::Interner,
+    shared::{Interner, SharedStr},
 };
 
 /// Where host-local keeps its data when the config names no `dataDir`.
@@ -141,7 +143,12 @@ fn read_owner_into<'b>(
     name: &str,
     scratch: &'b mut Vec<u8>,
 ) -> Result<Option<OwnerParts<'b>>, (AnomalyKind, String)> {
-    match safefs::read_bounded_into(dir, name, MAX_RESERVATION_BYTES, scratch) {
+    owner_of(safefs::read_bounded_into(dir, name, MAX_RESERVATION_BYTES, scratch), scratch)
+}
+
+/// What a bounded read of a reservation file says of its owner.
+fn owner_of(read: io::Result<safefs::Read>, scratch: &[u8]) -> Result<Option<OwnerParts<'_>>, (AnomalyKind, String)> {
+    match read {
         Ok(safefs::Read::Content(meta)) => parse_owner_parts(scratch).map(|parts| Some((parts, meta))),
         Ok(safefs::Read::NotRegular(meta)) => {
             if meta.is_dir() {
@@ -162,6 +169,15 @@ fn read_owner_into<'b>(
     }
 }
 
+/// [`read_owner_into`] with a NUL-terminated name (no allocation).
+fn read_owner_into_c<'b>(
+    dir: &Dir,
+    name: &CStr,
+    scratch: &'b mut Vec<u8>,
+) -> Result<Option<OwnerParts<'b>>, (AnomalyKind, String)> {
+    owner_of(safefs::read_bounded_into_c(dir, name, MAX_RESERVATION_BYTES, scratch), scratch)
+}
+
 /// A network name as a single plain path component of printable text.
 #[must_use]
 pub fn is_valid_network_name(name: &str) -> bool {
@@ -179,73 +195,158 @@ impl HostLocalStore {
         &self.data_dir
     }
 
-    /// Scans one network directory (`network` already validated), one
-    /// entry at a time: each file is read into one reused buffer, parsed,
-    /// and only its compact [`Reservation`] is kept.
-    fn scan_network(&self, store: &Arc<StoreRef>, network: &str, names: &mut Interner, out: &mut StoreScan) {
+    /// Lists one network directory (`network` already validated): the
+    /// names that are reservation files go to `files` as their IP (host-local
+    /// names them canonically, so the IP renders back to the same name);
+    /// anything else that is not the plugin's own is an anomaly.
+    fn list_network(
+        &self,
+        store: &StoreRef,
+        network: &str,
+        net: u32,
+        files: &mut Vec<(u32, IpAddr)>,
+        anomalies: &mut Vec<Anomaly>,
+    ) -> Option<Dir> {
         let net_path = self.data_dir.join(network);
         let anomaly = |path: &Path, kind, detail: String| Anomaly::new(store, Some(network), path, kind, detail);
         let dir = match Dir::open(&net_path) {
             Ok(dir) => dir,
             Err(e) => {
-                out.anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
-                return;
+                anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
+                return None;
             }
         };
         let entries = match fs::read_dir(&net_path) {
             Ok(entries) => entries,
             Err(e) => {
-                out.anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
-                return;
+                anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
+                return None;
             }
         };
-        let network_name = names.intern(network);
-        let mut scratch = Vec::with_capacity(usize::try_from(MAX_RESERVATION_BYTES).unwrap_or(1024) + 1);
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(e) => {
-                    out.anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
+                    anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
                     continue;
                 }
             };
             let file_name = entry.file_name();
             let Some(name) = file_name.to_str() else {
-                out.anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, "name is not UTF-8".into()));
+                anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, "name is not UTF-8".into()));
                 continue;
             };
-            let ip = match classify_name(name) {
-                EntryName::Lock | EntryName::LastReserved => continue,
-                EntryName::Ip(ip) => ip,
+            match classify_name(name) {
+                EntryName::Lock | EntryName::LastReserved => {}
+                EntryName::Ip(ip) => files.push((net, ip)),
                 EntryName::NonCanonicalIp(ip) => {
                     let detail = format!("{name:?} parses as an IP, but host-local would name it {ip}");
-                    out.anomalies.push(anomaly(&entry.path(), AnomalyKind::NonCanonicalName, detail));
-                    continue;
+                    anomalies.push(anomaly(&entry.path(), AnomalyKind::NonCanonicalName, detail));
                 }
                 EntryName::NotIp => {
                     let detail = format!("{name:?} is not an IP address");
-                    out.anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, detail));
-                    continue;
+                    anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, detail));
                 }
+            }
+        }
+        Some(dir)
+    }
+}
+
+/// The network directories of one scan, opened, with what their
+/// reservations share.
+struct Networks<'s> {
+    store: &'s Arc<StoreRef>,
+    data_dir: &'s Path,
+    /// Name, interned, and the open directory, by the index `files` use.
+    dirs: Vec<(SharedStr, Dir)>,
+}
+
+impl Networks<'_> {
+    /// Reads the reservation files `files` name, one at a time into one
+    /// reused buffer; only each file's compact [`Reservation`] is kept.
+    fn read(&self, files: &[(u32, IpAddr)], names: &mut Interner) -> StoreScan {
+        let mut out = StoreScan { reservations: Vec::with_capacity(files.len()), anomalies: Vec::new() };
+        let mut scratch = Vec::with_capacity(usize::try_from(MAX_RESERVATION_BYTES).unwrap_or(1024) + 1);
+        // The file name, NUL-terminated: an IPv6 address is at most 45 bytes.
+        let mut name_buf = Vec::with_capacity(64);
+        for &(net, ip) in files {
+            let Some((network, dir)) = self.dirs.get(net as usize) else { continue };
+            name_buf.clear();
+            // Writing to a Vec cannot fail.
+            let _ = write!(name_buf, "{ip}\0");
+            let Ok(c_name) = CStr::from_bytes_with_nul(&name_buf) else { continue };
+            // Kept for as long as the reservation is: allocated at its size.
+            let path = || {
+                let len = self.data_dir.as_os_str().len() + network.len() + c_name.to_bytes().len() + 2;
+                let mut path = PathBuf::with_capacity(len);
+                path.push(self.data_dir);
+                path.push(network.as_str());
+                path.push(OsStr::from_bytes(c_name.to_bytes()));
+                path
             };
-            match read_owner_into(&dir, name, &mut scratch) {
+            match read_owner_into_c(dir, c_name, &mut scratch) {
                 Ok(Some(((id, ifname), meta))) => out.reservations.push(Reservation::from(ReservationData {
-                    store: Arc::clone(store),
-                    network: network_name.clone(),
+                    store: Arc::clone(self.store),
+                    network: network.clone(),
                     ip,
                     container_id: names.intern(id),
                     ifname: ifname.map(|i| names.intern(i)),
                     created_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    path: entry.path(),
+                    path: path(),
                     inode: meta.ino(),
                 })),
                 // Released by the plugin between listing and reading.
                 Ok(None) => {}
-                Err((kind, detail)) => out.anomalies.push(anomaly(&entry.path(), kind, detail)),
+                Err((kind, detail)) => {
+                    out.anomalies.push(Anomaly::new(self.store, Some(network), &path(), kind, detail));
+                }
             }
         }
+        out
+    }
+
+    /// [`Networks::read`] on up to [`SCAN_THREADS`] threads, each on its
+    /// own share of the files: a scan is mostly syscalls (open, fstat,
+    /// read, close), which run in parallel. Container IDs are then made to
+    /// share one allocation across the shares.
+    fn read_parallel(&self, files: &[(u32, IpAddr)], names: &mut Interner) -> StoreScan {
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(SCAN_THREADS);
+        if threads < 2 || files.len() < PARALLEL_SCAN_MIN_FILES {
+            return self.read(files, names);
+        }
+        let (first, rest) = files.split_at(files.len() / 2);
+        let (mut out, other) = std::thread::scope(|s| {
+            let helper = std::thread::Builder::new().name("netreap-scan".into()).spawn_scoped(s, || {
+                let mut names = Interner::new();
+                self.read(rest, &mut names)
+            });
+            let out = self.read(first, names);
+            // A thread that cannot be started or that panicked: its share
+            // is read here (a scan is never cut short).
+            let other = match helper.map(std::thread::ScopedJoinHandle::join) {
+                Ok(Ok(other)) => other,
+                _ => self.read(rest, names),
+            };
+            (out, other)
+        });
+        out.reservations.extend(other.reservations.into_iter().map(|mut r| {
+            if let Some(same) = names.get(&r.container_id)
+                && !SharedStr::ptr_eq(&same, &r.container_id)
+            {
+                r.container_id = same;
+            }
+            r
+        }));
+        out.anomalies.extend(other.anomalies);
+        out
     }
 }
+
+/// Most threads a scan uses: the agent shares the node with its pods.
+const SCAN_THREADS: usize = 2;
+/// Below this many files a second thread costs more than it saves.
+const PARALLEL_SCAN_MIN_FILES: usize = 1024;
 
 impl ReservationStore for HostLocalStore {
     fn store_ref(&self) -> StoreRef {
@@ -266,6 +367,8 @@ impl ReservationStore for HostLocalStore {
                 return out;
             }
         };
+        let mut networks = Networks { store: &store, data_dir: root, dirs: Vec::new() };
+        let mut files = Vec::new();
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
@@ -281,7 +384,12 @@ impl ReservationStore for HostLocalStore {
                 continue;
             };
             match entry.file_type() {
-                Ok(t) if t.is_dir() => self.scan_network(&store, &name, &mut names, &mut out),
+                Ok(t) if t.is_dir() => {
+                    let net = u32::try_from(networks.dirs.len()).unwrap_or(u32::MAX);
+                    if let Some(dir) = self.list_network(&store, &name, net, &mut files, &mut out.anomalies) {
+                        networks.dirs.push((names.intern(&name), dir));
+                    }
+                }
                 Ok(t) if t.is_symlink() => {
                     let detail = "a symlink where a network directory was expected; never followed";
                     out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Symlink, detail));
@@ -293,6 +401,17 @@ impl ReservationStore for HostLocalStore {
                 Err(e) => out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Unreadable, e.to_string())),
             }
         }
+        // By network, then IP: the order the result is sorted in, and a
+        // cheap sort here (the network is an index) makes that one a no-op.
+        let mut by_name: Vec<usize> = (0..networks.dirs.len()).collect();
+        by_name.sort_unstable_by(|&a, &b| networks.dirs[a].0.cmp(&networks.dirs[b].0));
+        let mut rank = vec![0_u32; by_name.len()];
+        for (r, &net) in by_name.iter().enumerate() {
+            rank[net] = u32::try_from(r).unwrap_or(u32::MAX);
+        }
+        files.sort_unstable_by_key(|&(net, ip)| (rank[net as usize], ip));
+        out.extend(networks.read_parallel(&files, &mut names));
+        drop(files);
         out.reservations.sort_by(|a, b| (&a.network, a.ip).cmp(&(&b.network, b.ip)));
         out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
         out
@@ -370,6 +489,66 @@ mod tests {
                 AnomalyKind::Symlink,
                 AnomalyKind::Symlink,
                 AnomalyKind::UnparsableName,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_large_directory_read_on_two_threads_gives_what_one_would() {
+        // More files than PARALLEL_SCAN_MIN_FILES, hostile entries among
+        // them (in either thread's share): every reservation once, in
+        // (network, IP) order, the same anomalies, container IDs shared
+        // across the shares.
+        let tmp = tempfile::tempdir().unwrap();
+        let (net_a, net_b) = (tmp.path().join("nrS-a"), tmp.path().join("nrS-b"));
+        fs::create_dir(&net_a).unwrap();
+        fs::create_dir(&net_b).unwrap();
+        let n = PARALLEL_SCAN_MIN_FILES + 500;
+        for i in 0..n {
+            let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 0xff, i & 0xff);
+            let net = if i % 2 == 0 { &net_a } else { &net_b };
+            fs::write(net.join(&ip), format!("c{}\r\neth0", i % 50)).unwrap();
+        }
+        fs::write(net_a.join("lock"), "").unwrap();
+        symlink("/etc/passwd", net_a.join("10.200.0.1")).unwrap();
+        symlink("/etc/passwd", net_b.join("10.200.0.2")).unwrap();
+        fs::create_dir(net_b.join("10.200.0.3")).unwrap();
+        fs::write(net_a.join("10.200.0.4"), vec![b'a'; 5000]).unwrap();
+        fs::write(net_b.join("10.200.0.5"), b"c1\0x").unwrap();
+        let fifo = std::ffi::CString::new(net_b.join("10.200.0.6").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        fs::write(net_a.join("010.200.0.7"), "c1").unwrap();
+
+        let scan = HostLocalStore::new(tmp.path()).scan();
+        assert_eq!(scan.reservations.len(), n);
+        let keys: Vec<_> = scan.reservations.iter().map(|r| (r.network.to_string(), r.ip)).collect();
+        let mut sorted = keys.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(keys, sorted, "sorted by network and IP, each once");
+        for r in &scan.reservations {
+            assert_eq!(r.path, tmp.path().join(r.network.as_str()).join(r.ip.to_string()));
+            assert_eq!(r.owner().ifname.as_deref(), Some("eth0"));
+        }
+        let (first, last) = (&scan.reservations[0], &scan.reservations[n - 1]);
+        let same_cid = scan.reservations.iter().filter(|r| r.container_id == first.container_id);
+        assert!(same_cid.clone().count() > 2);
+        assert!(same_cid.clone().all(|r| SharedStr::ptr_eq(&r.container_id, &first.container_id)));
+        assert!(scan.reservations.iter().filter(|r| r.network == last.network).all(|r| r.network == "nrS-b"));
+        let mut kinds: Vec<_> = scan.anomalies.iter().map(|a| format!("{:?} {}", a.kind, a.path)).collect();
+        kinds.sort();
+        let p = |net: &str, name: &str| tmp.path().join(net).join(name).display().to_string();
+        assert_eq!(
+            kinds,
+            [
+                format!("BinaryContent {}", p("nrS-b", "10.200.0.5")),
+                format!("Directory {}", p("nrS-b", "10.200.0.3")),
+                format!("NotRegularFile {}", p("nrS-b", "10.200.0.6")),
+                format!("Oversized {}", p("nrS-a", "10.200.0.4")),
+                format!("Symlink {}", p("nrS-a", "10.200.0.1")),
+                format!("Symlink {}", p("nrS-b", "10.200.0.2")),
+                format!("UnparsableName {}", p("nrS-a", "010.200.0.7")),
             ]
         );
     }

@@ -5,7 +5,7 @@
 //! open is relative to a directory descriptor and refuses symlinks.
 
 use std::{
-    ffi::CString,
+    ffi::{CStr, CString},
     fs::{File, Metadata},
     io::{self, Read as _},
     os::{
@@ -31,6 +31,10 @@ fn c_path(path: &Path) -> io::Result<CString> {
 #[must_use]
 pub fn is_plain_name(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+fn is_plain_name_bytes(name: &[u8]) -> bool {
+    !name.is_empty() && name != b"." && name != b".." && !name.contains(&b'/') && !name.contains(&0)
 }
 
 fn check_name(name: &str) -> io::Result<CString> {
@@ -61,7 +65,16 @@ impl Dir {
     /// Opens `name` in this directory for reading: no symlink, no blocking
     /// on a FIFO or device. The caller checks the type with `metadata()`.
     pub fn open_read(&self, name: &str) -> io::Result<File> {
-        let c = check_name(name)?;
+        self.open_read_c(&check_name(name)?)
+    }
+
+    /// [`Dir::open_read`] with a name already NUL-terminated (a scan renders
+    /// each name into one reused buffer instead of allocating it).
+    pub fn open_read_c(&self, name: &CStr) -> io::Result<File> {
+        if !is_plain_name_bytes(name.to_bytes()) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?} is not a plain file name")));
+        }
+        let c = name;
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
         // SAFETY: valid dirfd and NUL-terminated name; the result is checked.
         let fd = fd_or_error(unsafe { libc::openat(self.fd.as_raw_fd(), c.as_ptr(), flags) })?;
@@ -139,7 +152,15 @@ pub enum Read {
 /// that returns fewer bytes than asked is at its end, so a read that
 /// returned exactly the size fstat gave needs no second read to see EOF.
 pub fn read_bounded_into(dir: &Dir, name: &str, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
-    let mut file = dir.open_read(name)?;
+    read_file_bounded(dir.open_read(name)?, limit, buf)
+}
+
+/// [`read_bounded_into`] with a NUL-terminated name: no allocation at all.
+pub fn read_bounded_into_c(dir: &Dir, name: &CStr, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
+    read_file_bounded(dir.open_read_c(name)?, limit, buf)
+}
+
+fn read_file_bounded(mut file: File, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
     let meta = file.metadata()?;
     if !meta.is_file() {
         return Ok(Read::NotRegular(meta));

@@ -17,6 +17,12 @@ impl SharedStr {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Whether both are the same allocation (not only equal text).
+    #[must_use]
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
 }
 
 impl Deref for SharedStr {
@@ -139,13 +145,20 @@ impl<'de> Deserialize<'de> for SharedStr {
 /// what it holds is what the scan's reservations hold anyway.
 #[derive(Debug, Default)]
 pub struct Interner {
-    seen: HashSet<SharedStr>,
+    /// foldhash, not SipHash: a scan interns every file's container ID.
+    seen: HashSet<SharedStr, foldhash::fast::RandomState>,
 }
 
 impl Interner {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The shared value equal to `s`, when one was handed out.
+    #[must_use]
+    pub fn get(&self, s: &str) -> Option<SharedStr> {
+        self.seen.get(s).cloned()
     }
 
     pub fn intern(&mut self, s: &str) -> SharedStr {

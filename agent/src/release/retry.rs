@@ -195,7 +195,7 @@ mod tests {
             created_at: SystemTime::UNIX_EPOCH,
             inode: 7,
         });
-        Verdict { reservation, status, evidence: Vec::new() }
+        Verdict { reservation, status, evidence: Vec::new().into() }
     }
 
     fn record(v: &Verdict, outcome: Outcome) -> ReleaseRecord {
