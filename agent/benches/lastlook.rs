@@ -76,11 +76,15 @@ fn nsids_of(names: &[String]) -> Vec<i32> {
 }
 
 fn bench(n: usize) {
-    let names: Vec<String> = (0..n).map(|i| format!("nrblook{i}")).collect();
+    // Named per run: a netns deleted by the previous run takes its veth
+    // with it only when the kernel gets round to it. (Link names: at most
+    // 15 bytes.)
+    let run = std::process::id();
+    let names: Vec<String> = (0..n).map(|i| format!("nrblook{run}-{i}")).collect();
     let _cleanup = Cleanup(names.clone());
     let mut setup = String::new();
     for (i, name) in names.iter().enumerate() {
-        let _ = writeln!(setup, "netns add {name}\nlink add nrblk{i} type veth peer name eth0 netns {name}");
+        let _ = writeln!(setup, "netns add {name}\nlink add nrk{run:x}-{i} type veth peer name eth0 netns {name}");
     }
     ip_batch(&setup);
     for (i, name) in names.iter().enumerate() {
