@@ -319,9 +319,9 @@ impl KernelLook {
         self.lock_kept().sockets_opened
     }
 
-    /// Breaks the kept socket, as a socket that failed would be (tests).
-    #[doc(hidden)]
-    pub fn break_socket_for_test(&self) {
+    /// Breaks the kept socket, as a socket that failed would be.
+    #[cfg(test)]
+    fn break_socket_for_test(&self) {
         if let Some(q) = &self.lock_kept().querier {
             // SAFETY: /dev/null opened read-only; dup2 puts it in place of
             // the socket's fd number, so the querier's next send fails
