@@ -41,6 +41,9 @@ pub enum QueryError {
     Truncated,
     #[error("setting a receive timeout: {0}")]
     Timeout(std::io::Error),
+    /// A message of the answer did not decode: what it said is unknown.
+    #[error("a message of the answer does not decode: {0}")]
+    Undecodable(wire::WireError),
 }
 
 /// How a dump ended.
@@ -86,7 +89,12 @@ impl Querier {
 
     /// Sends `request` (built with `seq`) and feeds each message of its
     /// answer to `each` until DONE or an error.
-    fn dump(&mut self, build: impl FnOnce(u32) -> Vec<u8>, mut each: impl FnMut(Message)) -> Result<End, QueryError> {
+    /// A message that does not decode goes to `each` as its error.
+    fn dump(
+        &mut self,
+        build: impl FnOnce(u32) -> Vec<u8>,
+        mut each: impl FnMut(Result<Message, wire::WireError>),
+    ) -> Result<End, QueryError> {
         self.seq = self.seq.wrapping_add(1).max(1);
         let seq = self.seq;
         self.socket.send(&build(seq))?;
@@ -100,8 +108,7 @@ impl Querier {
                     Ok(Message::Done { error: 0 }) => return Ok(End::Done),
                     Ok(Message::Done { error }) => return Ok(End::Refused(error.saturating_neg())),
                     Ok(Message::Error { errno, .. }) if errno != 0 => return Ok(End::Refused(errno)),
-                    Ok(m) => each(m),
-                    Err(_) => {}
+                    other => each(other),
                 }
             }
         }
@@ -162,7 +169,7 @@ impl Querier {
     pub fn nsids(&mut self) -> Result<Vec<i32>, QueryError> {
         let mut out = Vec::new();
         self.dump(wire::dump_nsids, |m| {
-            if let Message::NewNsid { nsid: Some(n) } = m {
+            if let Ok(Message::NewNsid { nsid: Some(n) }) = m {
                 out.push(n);
             }
         })?;
@@ -173,18 +180,34 @@ impl Querier {
     /// own) right now. `Ok(None)` when the kernel refused the dump.
     pub fn addresses(&mut self, nsid: Option<i32>) -> Result<Option<Vec<IpAddr>>, QueryError> {
         let mut ips = Vec::new();
+        Ok(self.each_address(nsid, |ip| ips.push(ip))?.then_some(ips))
+    }
+
+    /// [`Querier::addresses`] without a list per netns: each address goes
+    /// to `each` as it is read. `Ok(false)` when the kernel refused the
+    /// dump (what `each` was given until then still stands).
+    pub fn each_address(&mut self, nsid: Option<i32>, mut each: impl FnMut(IpAddr)) -> Result<bool, QueryError> {
+        // An address message that does not decode is an address not known:
+        // the dump fails rather than read as "not configured here".
+        let mut undecodable = None;
         let end = self.dump(
             |s| wire::dump_addresses(s, nsid),
-            |m| {
-                if let Message::NewAddress(a) = m {
-                    ips.push(a.ip);
-                }
+            |m| match m {
+                Ok(Message::NewAddress(a)) => each(a.ip),
+                Ok(_) => {}
+                Err(e) => undecodable = undecodable.take().or(Some(e)),
             },
         )?;
-        Ok(match end {
-            End::Done => Some(ips),
-            End::Refused(_) => None,
-        })
+        match undecodable {
+            Some(e) => Err(QueryError::Undecodable(e)),
+            None => Ok(matches!(end, End::Done)),
+        }
+    }
+}
+
+impl std::os::fd::AsRawFd for Querier {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.socket.as_raw_fd()
     }
 }
 
