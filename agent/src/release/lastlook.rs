@@ -610,6 +610,14 @@ mod tests {
         }
     }
 
+    /// Looks give an nsid to every process netns they ask: one test's look
+    /// would show another's netns by nsid instead of by its process.
+    static LOOKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn one_look_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        LOOKS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn own_look() -> KernelLook {
         KernelLook::default().with_mount_table(DiscoveryPaths::default()).with_own_state()
     }
@@ -623,6 +631,7 @@ mod tests {
     /// asked by the second.
     #[test]
     fn a_netns_mounted_between_two_looks_is_seen() {
+        let _one = one_look_at_a_time();
         assert_root();
         let address = IpAddr::from([10, 213, 77, 1]);
         let mut look = own_look();
@@ -642,6 +651,7 @@ mod tests {
     /// helpers change it now and then: some pair of looks in a row shows it).
     #[test]
     fn an_unchanged_mount_table_is_not_read_again() {
+        let _one = one_look_at_a_time();
         let mut look = own_look();
         look.look().expect("the kernel answers");
         let kept = (0..50).any(|_| {
@@ -655,6 +665,7 @@ mod tests {
     /// A table that is no procfs file (cannot be polled) is read by every look.
     #[test]
     fn a_table_that_cannot_be_polled_is_read_every_look() {
+        let _one = one_look_at_a_time();
         let dir = tempfile::tempdir().expect("temp dir");
         let table = dir.path().join("mountinfo");
         std::fs::write(&table, "").expect("writes");
@@ -669,6 +680,7 @@ mod tests {
     /// mount, no nsid), is asked by the second.
     #[test]
     fn a_process_netns_created_between_two_looks_is_seen() {
+        let _one = one_look_at_a_time();
         assert_root();
         let address = IpAddr::from([10, 213, 78, 1]);
         let mut look = own_look();
@@ -694,6 +706,7 @@ mod tests {
     /// A kept socket that broke is replaced: the look is taken on a new one.
     #[test]
     fn a_broken_socket_is_replaced() {
+        let _one = one_look_at_a_time();
         let mut look = KernelLook::default().with_own_state();
         look.look().expect("the kernel answers");
         assert_eq!(look.sockets_opened(), 1);
