@@ -377,6 +377,34 @@ impl KernelLook {
         }
         let Some(q) = querier.as_mut() else { return Err("no netlink socket".into()) };
         let mut seen = Sighting { ledger_in_flight: self.ledger_in_flight.clone(), ..Sighting::default() };
+        // /proc first: the CNI plugins running now, and the netns of
+        // processes the model does not know yet (opened now, asked below).
+        // A plugin that exits after this walk configured its addresses
+        // before it, so the dumps below, which all come after it, see them;
+        // walked after the dumps, a plugin that configured an address and
+        // exited in between would be seen by neither.
+        // Netns asked about by way of an fd, by inode.
+        let mut looked: HashSet<u64> = HashSet::new();
+        let mut process_netns = Vec::new();
+        let proc_dir = ProcDir::open(&self.proc_root).map_err(|e| format!("{}: {e}", self.proc_root.display()))?;
+        let mut exe = [0u8; 4096];
+        for pid in proc_dir.pids().map_err(|e| format!("{}: {e}", self.proc_root.display()))? {
+            let Some(inode) = proc_dir.netns_inode(pid) else { continue }; // exited
+            // Opened now; its inode is checked again on the fd (the process
+            // may have exited and its pid been reused).
+            if !self.known_inodes.contains(&inode)
+                && !looked.contains(&inode)
+                && let Some(fd) = proc_dir.open_netns(pid, inode)
+            {
+                looked.insert(inode);
+                process_netns.push((inode, pid, fd));
+            }
+            if proc_dir.exe(pid, &mut exe).is_some_and(|e| self.cni_bin_dirs.iter().any(|d| e.starts_with(d)))
+                && let Some(cid) = proc_dir.container_id(pid)
+            {
+                seen.running.insert(cid, pid);
+            }
+        }
         // netreap's own netns (the host's, with hostNetwork).
         if !q.each_address(None, |ip| seen.add(ip, Place::Host)).map_err(|e| e.to_string())? {
             return Err("own address dump refused".into());
@@ -392,8 +420,6 @@ impl KernelLook {
             // A refused dump: the nsid is gone, so is its netns.
             q.each_address(Some(nsid), |ip| seen.add(ip, Place::Nsid(nsid))).map_err(|e| e.to_string())?;
         }
-        // Netns asked about by way of an fd below, by inode.
-        let mut looked: HashSet<u64> = HashSet::new();
         // Bind-mounted netns the model does not know yet. A table that
         // cannot be read keeps the reservation (the look is unavailable).
         if let Some(paths) = &self.mounts {
@@ -422,28 +448,13 @@ impl KernelLook {
                 }
             }
         }
-        // Netns of processes the model does not know yet, and CNI plugins.
-        let proc_dir = ProcDir::open(&self.proc_root).map_err(|e| format!("{}: {e}", self.proc_root.display()))?;
-        let mut exe = [0u8; 4096];
-        for pid in proc_dir.pids().map_err(|e| format!("{}: {e}", self.proc_root.display()))? {
-            let Some(inode) = proc_dir.netns_inode(pid) else { continue }; // exited
-            if !self.known_inodes.contains(&inode) && !looked.contains(&inode) {
-                // Opened, then asked; its inode is checked again on the fd
-                // (the process may have exited and its pid been reused).
-                if let Some(fd) = proc_dir.open_netns(pid, inode) {
-                    looked.insert(inode);
-                    if let Some(nsid) = q.nsid_of(fd.as_raw_fd(), true).map_err(|e| e.to_string())?
-                        && seen_nsids.insert(nsid)
-                    {
-                        let place = Place::Process { inode, nsid, pid };
-                        q.each_address(Some(nsid), |ip| seen.add(ip, place.clone())).map_err(|e| e.to_string())?;
-                    }
-                }
-            }
-            if proc_dir.exe(pid, &mut exe).is_some_and(|e| self.cni_bin_dirs.iter().any(|d| e.starts_with(d)))
-                && let Some(cid) = proc_dir.container_id(pid)
+        // Then the netns of the processes walked first.
+        for (inode, pid, fd) in process_netns {
+            if let Some(nsid) = q.nsid_of(fd.as_raw_fd(), true).map_err(|e| e.to_string())?
+                && seen_nsids.insert(nsid)
             {
-                seen.running.insert(cid, pid);
+                let place = Place::Process { inode, nsid, pid };
+                q.each_address(Some(nsid), |ip| seen.add(ip, place.clone())).map_err(|e| e.to_string())?;
             }
         }
         Ok(seen)
