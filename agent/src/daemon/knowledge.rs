@@ -11,6 +11,22 @@ use crate::{
     ledger::persist::{self, Window},
 };
 
+/// A netns of its own, alive while the returned fd is open: made on a
+/// short-lived thread, so the agent's threads stay where they are. None
+/// without the right to (no `CAP_SYS_ADMIN`).
+fn scratch_netns() -> Option<std::os::fd::OwnedFd> {
+    std::thread::spawn(|| {
+        // SAFETY: unshare(2) moves only the calling thread, which ends here.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            return None;
+        }
+        std::fs::File::open("/proc/thread-self/ns/net").ok().map(std::os::fd::OwnedFd::from)
+    })
+    .join()
+    .ok()
+    .flatten()
+}
+
 #[derive(Default)]
 pub(super) struct Memory {
     pub boot_id: String,
@@ -54,9 +70,30 @@ impl Agent {
             }
         };
         let same_boot = !knowledge.boot_id.is_empty() && knowledge.boot_id == self.memory.boot_id;
-        let known_good = snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid);
         let mut querier = crate::netlink::query::Querier::open().ok();
-        let mut nsid_exists = |nsid: i32| querier.as_mut().and_then(|q| q.nsid_exists(nsid, known_good).ok().flatten());
+        // "This nsid is gone" is believed only from a kernel that answered a
+        // dump aimed at an nsid that exists. With no live netns to show one
+        // (every pod died while netreap was down), one is made for the check
+        // and dropped after it (it shows as a short-lived netns).
+        let mut scratch = None;
+        let mut known_good = snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid);
+        if known_good.is_none() && same_boot {
+            scratch = scratch_netns();
+            known_good = querier
+                .as_mut()
+                .zip(scratch.as_ref())
+                .and_then(|(q, fd)| q.nsid_of(std::os::fd::AsRawFd::as_raw_fd(fd), true).ok().flatten());
+        }
+        // The scratch netns took the lowest free nsid, maybe a saved one: it
+        // names the scratch now, so the netns that had it is gone (the
+        // kernel frees an nsid only when its netns dies).
+        let scratch_nsid = known_good.filter(|_| scratch.is_some());
+        let mut nsid_exists = |nsid: i32| {
+            if Some(nsid) == scratch_nsid {
+                return Some(false);
+            }
+            querier.as_mut().and_then(|q| q.nsid_exists(nsid, known_good).ok().flatten())
+        };
         let mut counts = Restored { same_boot, ..Restored::default() };
         let mut restored_attachments = Vec::with_capacity(knowledge.bindings.len());
         let mut dead_now: Vec<DeadNetns> = Vec::new();
@@ -76,6 +113,7 @@ impl Agent {
             }
             restored_attachments.push(attachment);
         }
+        drop(scratch);
         self.ledger.restore(restored_attachments);
         self.memory.windows = knowledge.watched;
         self.publish_restored(&counts, &dead_now);
