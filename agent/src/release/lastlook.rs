@@ -450,9 +450,14 @@ impl KernelLook {
         }
         // Then the netns of the processes walked first.
         for (inode, pid, fd) in process_netns {
-            if let Some(nsid) = q.nsid_of(fd.as_raw_fd(), true).map_err(|e| e.to_string())?
-                && seen_nsids.insert(nsid)
-            {
+            // Held open by our fd, so alive: one the kernel gives no nsid
+            // cannot be asked about, and keeps the reservation (unavailable),
+            // as a mounted one does.
+            let nsid = q
+                .nsid_of(fd.as_raw_fd(), true)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no nsid for net:[{inode}], the netns of pid {pid}"))?;
+            if seen_nsids.insert(nsid) {
                 let place = Place::Process { inode, nsid, pid };
                 q.each_address(Some(nsid), |ip| seen.add(ip, place.clone())).map_err(|e| e.to_string())?;
             }
