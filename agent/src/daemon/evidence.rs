@@ -130,18 +130,8 @@ impl<'a> Incarnations<'a> {
     /// snapshot's order, as a walk of all of them would.
     pub(crate) fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
-        let mut found: Vec<usize> = self
-            .by_inode
-            .get(&inode)
-            .into_iter()
-            .flatten()
-            .chain(nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten())
-            .copied()
-            .collect();
-        found.sort_unstable();
-        found.dedup();
-        let ids: Vec<NetnsId> = found
-            .into_iter()
+        let ids: Vec<NetnsId> = self
+            .filed_under(Some(inode), nsid)
             .map(|i| self.netns[i])
             .filter(|v| v.id().may_be(&resolved))
             .map(Life::of)
@@ -151,18 +141,25 @@ impl<'a> Incarnations<'a> {
         if ids.is_empty() { vec![resolved] } else { ids }
     }
 
+    /// Positions of the netns filed under `inode` or `nsid`, ascending, each
+    /// once. Both lists are ascending (filed as the snapshot is walked), so
+    /// a merge gives what sorting and deduplicating their union would,
+    /// without allocating: kernels reuse the lowest free netns inode and
+    /// nsid, so under pod churn one key holds nearly every recent netns, and
+    /// sorting it again for every binding was quadratic in that history.
+    fn filed_under(&self, inode: Option<u64>, nsid: Option<i32>) -> Ascending<'_> {
+        let by_inode = inode.and_then(|i| self.by_inode.get(&i)).map_or(&[][..], Vec::as_slice);
+        let by_nsid = nsid.and_then(|n| self.by_nsid.get(&n)).map_or(&[][..], Vec::as_slice);
+        Ascending { a: by_inode, b: by_nsid }
+    }
+
     /// Positions of the netns sharing `id`'s inode or nsid, in order.
     fn sharing(&self, id: &NetnsId) -> Vec<usize> {
         if id.inode.is_none() && id.nsid.is_none() {
             // Nothing to look up by: every netns is a candidate.
             return (0..self.netns.len()).collect();
         }
-        let mut found: Vec<usize> =
-            id.inode.and_then(|i| self.by_inode.get(&i)).into_iter().flatten().copied().collect();
-        found.extend(id.nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten());
-        found.sort_unstable();
-        found.dedup();
-        found
+        self.filed_under(id.inode, id.nsid).collect()
     }
 
     /// The netns that may be `id` ([`NetnsId::may_be`]), in the snapshot's order.
@@ -176,6 +173,34 @@ impl<'a> Incarnations<'a> {
         found.sort_unstable();
         found.dedup();
         found.into_iter().map(|i| self.netns[i]).filter(|v| ids.contains(&v.id())).collect()
+    }
+}
+
+/// The union of two ascending position lists, ascending, each position
+/// once (see [`Incarnations::filed_under`]).
+struct Ascending<'a> {
+    a: &'a [usize],
+    b: &'a [usize],
+}
+
+impl Iterator for Ascending<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let next = match (self.a.first(), self.b.first()) {
+            (None, None) => return None,
+            (Some(&x), None) => x,
+            (None, Some(&y)) => y,
+            (Some(&x), Some(&y)) => x.min(y),
+        };
+        // Past every copy of it in both lists.
+        while self.a.first() == Some(&next) {
+            self.a = &self.a[1..];
+        }
+        while self.b.first() == Some(&next) {
+            self.b = &self.b[1..];
+        }
+        Some(next)
     }
 }
 

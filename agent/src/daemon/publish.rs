@@ -222,7 +222,9 @@ impl Agent {
             s.model = Some(snapshot);
             s.runtime = runtime;
         }
-        self.publish_attachments();
+        // Not the ledger: copying it whole for every pass (each death under
+        // churn) cost more than the pass's decide; housekeeping shows it in
+        // /state at most once a second.
         Ok(())
     }
 

@@ -209,18 +209,53 @@ impl<'a> Index<'a> {
         ix
     }
 
-    /// Candidates for an identity, by inode and by nsid, in observation
-    /// order (a netns known only by nsid is found through its nsid).
-    fn by_id(by_inode: &Map<u64, Positions>, by_nsid: &Map<i32, Positions>, id: &NetnsId) -> Vec<usize> {
-        let mut found: Vec<usize> = id
-            .inode
-            .into_iter()
-            .flat_map(|i| at(by_inode, &i))
-            .chain(id.nsid.into_iter().flat_map(|n| at(by_nsid, &n)))
-            .collect();
-        found.sort_unstable();
-        found.dedup();
-        found
+    /// The first position, in observation order, filed under `id`'s inode
+    /// or its nsid that `matches` accepts (a netns known only by nsid is
+    /// found through its nsid).
+    ///
+    /// Both lists are in ascending order (`push` files positions as the
+    /// observations are walked), so a merge of the two visits their union in
+    /// order, each position once, and stops at the first match: the answer
+    /// of sorting and deduplicating the union, then finding, without
+    /// allocating. Kernels reuse the lowest free netns inode and nsid, so
+    /// under pod churn nearly every dead netns is filed under the same key:
+    /// sorting that bucket again for every binding made the index quadratic
+    /// in the node's recent history.
+    fn first_by_id(
+        by_inode: &Map<u64, Positions>,
+        by_nsid: &Map<i32, Positions>,
+        id: &NetnsId,
+        mut matches: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        let inodes = id.inode.and_then(|i| by_inode.get(&i)).map_or(&[][..], Positions::as_slice);
+        let nsids = id.nsid.and_then(|n| by_nsid.get(&n)).map_or(&[][..], Positions::as_slice);
+        let (mut a, mut b) = (inodes.iter().peekable(), nsids.iter().peekable());
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (None, None) => return None,
+                (Some(&&x), None) => {
+                    a.next();
+                    x
+                }
+                (None, Some(&&y)) => {
+                    b.next();
+                    y
+                }
+                (Some(&&x), Some(&&y)) => {
+                    if x <= y {
+                        a.next();
+                    }
+                    if y <= x {
+                        b.next();
+                    }
+                    x.min(y)
+                }
+            };
+            let i = next as usize;
+            if matches(i) {
+                return Some(i);
+            }
+        }
     }
 
     /// Position of the live netns a reference may name (first in
@@ -228,9 +263,9 @@ impl<'a> Index<'a> {
     fn live_position(&self, netns: &NetnsName) -> Option<usize> {
         let obs = self.obs;
         match netns {
-            NetnsName::Id(id) => Self::by_id(&self.live_by_inode, &self.live_by_nsid, id)
-                .into_iter()
-                .find(|&i| obs.live[i].id.may_be(id)),
+            NetnsName::Id(id) => {
+                Self::first_by_id(&self.live_by_inode, &self.live_by_nsid, id, |i| obs.live[i].id.may_be(id))
+            }
             NetnsName::Path(p) => at(&self.live_by_path, &path_key(p)).next(),
         }
     }
@@ -239,18 +274,13 @@ impl<'a> Index<'a> {
     /// it died.
     fn dead_position(&self, netns: &NetnsName, seen_at: std::time::SystemTime) -> Option<usize> {
         let obs = self.obs;
-        let bucket = match netns {
-            NetnsName::Id(id) => Self::by_id(&self.dead_by_inode, &self.dead_by_nsid, id),
-            NetnsName::Path(p) => at(&self.dead_by_path, &path_key(p)).collect(),
-        };
-        bucket.into_iter().find(|&i| {
-            let d = &obs.dead[i];
-            seen_at <= d.died_at
-                && match netns {
-                    NetnsName::Id(id) => d.id.may_be(id),
-                    NetnsName::Path(_) => true,
-                }
-        })
+        match netns {
+            NetnsName::Id(id) => Self::first_by_id(&self.dead_by_inode, &self.dead_by_nsid, id, |i| {
+                let d = &obs.dead[i];
+                seen_at <= d.died_at && d.id.may_be(id)
+            }),
+            NetnsName::Path(p) => at(&self.dead_by_path, &path_key(p)).find(|&i| seen_at <= obs.dead[i].died_at),
+        }
     }
 
     /// Live netns a reference may name (first in observation order).
@@ -343,5 +373,54 @@ impl<'a> Index<'a> {
     pub fn pods_with(&self, ip: IpAddr) -> impl Iterator<Item = &'a ApiPod> + '_ {
         let pods = self.obs.api_pods.as_deref().unwrap_or_default();
         at(&self.pods_by_ip, &ip).map(move |i| &pods[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What `first_by_id` replaced: the union sorted and deduplicated, then
+    /// the first match.
+    fn reference(inodes: &[usize], nsids: &[usize], matches: &dyn Fn(usize) -> bool) -> Option<usize> {
+        let mut all: Vec<usize> = inodes.iter().chain(nsids).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        all.into_iter().find(|&i| matches(i))
+    }
+
+    proptest! {
+        /// The merge finds the same position as sorting the union did, for
+        /// any filing of positions under one inode and one nsid.
+        #[test]
+        fn the_merge_finds_what_the_sorted_union_found(
+            filed in proptest::collection::vec((any::<bool>(), any::<bool>()), 0..40),
+            accepted in proptest::collection::vec(any::<bool>(), 40),
+            with_inode in any::<bool>(),
+            with_nsid in any::<bool>(),
+        ) {
+            let (mut by_inode, mut by_nsid): (Map<u64, Positions>, Map<i32, Positions>) = Default::default();
+            let (mut inodes, mut nsids) = (Vec::new(), Vec::new());
+            for (i, (under_inode, under_nsid)) in filed.iter().enumerate() {
+                if *under_inode {
+                    push(&mut by_inode, 7, i);
+                    inodes.push(i);
+                }
+                if *under_nsid {
+                    push(&mut by_nsid, 3, i);
+                    nsids.push(i);
+                }
+            }
+            let id = NetnsId::new(with_inode.then_some(7), with_nsid.then_some(3), None);
+            let matches = |i: usize| accepted[i];
+            let expected = reference(
+                if with_inode { &inodes } else { &[] },
+                if with_nsid { &nsids } else { &[] },
+                &matches,
+            );
+            prop_assert_eq!(Index::first_by_id(&by_inode, &by_nsid, &id, matches), expected);
+        }
     }
 }
