@@ -84,7 +84,8 @@ fn push<K: std::hash::Hash + Eq>(map: &mut Map<K, Positions>, key: K, i: usize) 
 
 /// Where a binding's netns stands: what [`Index::live_matching`] and
 /// [`Index::dead_matching`] say of it, found once per binding instead of
-/// once per reservation of its container.
+/// once per reservation of its container, and only for bindings of a
+/// container some judged reservation names (see [`Index::binding_resolved`]).
 #[derive(Debug, Clone, Copy)]
 enum Resolved {
     Live(usize),
@@ -131,9 +132,14 @@ pub struct Index<'a> {
     live_paths: Vec<Arc<[PathBuf]>>,
     live_containers: Vec<Arc<[String]>>,
     /// Per binding, its netns name in the shared form facts cite it in.
-    binding_names: Vec<Arc<NetnsName>>,
-    /// Per binding, where its netns stands.
-    binding_resolved: Vec<Resolved>,
+    /// Filled on first use, like `binding_resolved`.
+    binding_names: Vec<std::cell::OnceCell<Arc<NetnsName>>>,
+    /// Per binding, where its netns stands, found on first use: a pass that
+    /// judges a few reservations (a death's) resolves only their
+    /// containers' bindings, not every binding of the node's recent history.
+    /// The answer depends on the observations alone (never on which
+    /// reservation asked, or when), so finding it late changes nothing.
+    binding_resolved: Vec<std::cell::OnceCell<Resolved>>,
 }
 
 impl<'a> Index<'a> {
@@ -158,8 +164,8 @@ impl<'a> Index<'a> {
             pods_by_ip: Map::default(),
             live_paths: obs.live.iter().map(|n| Arc::from(n.paths.as_slice())).collect(),
             live_containers: obs.live.iter().map(|n| Arc::from(n.container_ids.as_slice())).collect(),
-            binding_names: obs.bindings.iter().map(|b| Arc::new(b.netns.clone())).collect(),
-            binding_resolved: Vec::new(),
+            binding_names: obs.bindings.iter().map(|_| std::cell::OnceCell::new()).collect(),
+            binding_resolved: obs.bindings.iter().map(|_| std::cell::OnceCell::new()).collect(),
         };
         for (i, n) in obs.live.iter().enumerate() {
             n.id.inode.into_iter().for_each(|k| push(&mut ix.live_by_inode, k, i));
@@ -193,20 +199,21 @@ impl<'a> Index<'a> {
                 p.ips.iter().for_each(|ip| push(&mut ix.pods_by_ip, *ip, i));
             }
         }
-        ix.binding_resolved = obs
-            .bindings
-            .iter()
-            .map(|b| {
-                if let Some(i) = ix.live_position(&b.netns) {
-                    Resolved::Live(i)
-                } else if let Some(i) = ix.dead_position(&b.netns, b.seen_at) {
-                    Resolved::Dead(i)
-                } else {
-                    Resolved::Unresolved
-                }
-            })
-            .collect();
         ix
+    }
+
+    /// Where binding `i`'s netns stands (found once, on first use).
+    fn binding_resolved(&self, i: usize) -> Resolved {
+        *self.binding_resolved[i].get_or_init(|| {
+            let b = &self.obs.bindings[i];
+            if let Some(n) = self.live_position(&b.netns) {
+                Resolved::Live(n)
+            } else if let Some(n) = self.dead_position(&b.netns, b.seen_at) {
+                Resolved::Dead(n)
+            } else {
+                Resolved::Unresolved
+            }
+        })
     }
 
     /// The first position, in observation order, filed under `id`'s inode
@@ -340,12 +347,13 @@ impl<'a> Index<'a> {
     ) -> impl Iterator<Item = (&'a Binding, Arc<NetnsName>, BindingLink<'a>)> + '_ {
         let obs = self.obs;
         at(&self.bindings_by_container, cid).map(move |i| {
-            let link = match self.binding_resolved[i] {
+            let link = match self.binding_resolved(i) {
                 Resolved::Live(n) => BindingLink::Live(&obs.live[n]),
                 Resolved::Dead(n) => BindingLink::Dead(&obs.dead[n]),
                 Resolved::Unresolved => BindingLink::Unresolved,
             };
-            (&obs.bindings[i], Arc::clone(&self.binding_names[i]), link)
+            let name = self.binding_names[i].get_or_init(|| Arc::new(obs.bindings[i].netns.clone()));
+            (&obs.bindings[i], Arc::clone(name), link)
         })
     }
 
