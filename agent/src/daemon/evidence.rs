@@ -208,6 +208,34 @@ impl Iterator for Ascending<'_> {
 #[must_use]
 pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
+    // What `ContainerIndex::containers_of` answers, without indexing (and
+    // copying) every binding of the ledger for one death: a walk that keeps
+    // the same attachments (pinned: by identity; otherwise: by inode, bound
+    // while this incarnation held it) and the same cache entries (by path).
+    let mut ids: Vec<String> = ledger
+        .attachments()
+        .filter(|a| match (a.pinned, a.netns_inode, a.netns_bound_at) {
+            (Some(id), _, _) => id.may_be(&life.id),
+            (None, Some(inode), Some(bound_at)) => life.id.inode == Some(inode) && life.held_inode_at(bound_at),
+            (None, _, _) => false,
+        })
+        .map(|a| a.container_id.clone())
+        .collect();
+    let mounts: Vec<PathBuf> = death.bind_mounts.iter().map(|m| path_key(m)).collect();
+    for entry in cache {
+        if entry.netns.as_deref().is_some_and(|p| mounts.contains(&path_key(Path::new(p)))) {
+            ids.push(entry.container_id.clone());
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The index-based answer [`containers_of_death`] must equal.
+#[cfg(test)]
+fn containers_of_death_indexed(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
+    let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
     ContainerIndex::new(ledger, cache).containers_of(&life, &death.bind_mounts)
 }
 
@@ -641,6 +669,76 @@ mod tests {
             exact.dedup();
             expected.dedup();
             prop_assert_eq!(exact, expected);
+        });
+    }
+
+    /// A death's containers, walked, are those the container index gives.
+    #[test]
+    fn a_deaths_containers_walked_equal_the_indexed_ones() {
+        use proptest::prelude::*;
+        let an_attachment = (
+            prop::option::of(1u64..4),
+            prop::option::of(0u64..30),
+            prop::option::of((prop::option::of(1u64..4), prop::option::of(1i32..4), prop::option::of(0u64..30))),
+            prop::option::of(0usize..3),
+        );
+        let a_cache_entry = (0usize..6, prop::option::of(0usize..3));
+        let cases = (
+            prop::collection::vec(an_attachment, 0..6),
+            prop::collection::vec(a_cache_entry, 0..4),
+            (prop::option::of(1u32..4), prop::option::of(1i32..4), 0u64..30, 0u64..30),
+            prop::collection::vec(0usize..3, 0..3),
+        );
+        let paths = ["/run/netns/a", "/run/netns/b", "/run/netns//a"];
+        proptest!(ProptestConfig::with_cases(2000), |((attachments, cache, (inode, nsid, first, died), mounts) in cases)| {
+            let mut ledger = Ledger::new();
+            ledger.restore(
+                // Distinct container IDs (c0, c1, ...): restore keeps each.
+                attachments
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (inode, bound_at, pinned, path))| crate::ledger::Attachment {
+                        container_id: format!("c{i}"),
+                        netns_path: path.map(|p| paths[p].to_owned()),
+                        netns_inode: *inode,
+                        netns_nsid: None,
+                        netns_bound_at: bound_at.map(t),
+                        pinned: pinned.map(|(i, n, f)| NetnsId::new(i, n, f.map(t))),
+                        ifnames: Vec::new(),
+                        operations: Vec::new(),
+                        first_seen: t(0),
+                        last_seen: t(0),
+                    })
+                    .collect(),
+            );
+            let cache: Vec<CachedAttachment> = cache
+                .iter()
+                .enumerate()
+                .map(|(i, (owner, path))| CachedAttachment {
+                    path: PathBuf::from(format!("/cache/{i}")),
+                    network: "n".into(),
+                    container_id: format!("c{owner}"),
+                    ifname: "eth0".into(),
+                    netns: path.map(|p| paths[p].to_owned()),
+                    ips: Vec::new(),
+                    written_at: t(0),
+                    inode: 1,
+                })
+                .collect();
+            let death = NetnsDeath {
+                inode: inode.map(Into::into),
+                nsid,
+                at: t(died),
+                source: crate::model::snapshot::DeathSource::RtmDelnsid,
+                addresses: Vec::new(),
+                bind_mounts: mounts.iter().map(|&m| PathBuf::from(paths[m])).collect(),
+                first_seen: t(first),
+                creator: None,
+            };
+            prop_assert_eq!(
+                containers_of_death(&ledger, &cache, &death),
+                containers_of_death_indexed(&ledger, &cache, &death)
+            );
         });
     }
 }
