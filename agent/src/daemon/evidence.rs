@@ -726,7 +726,7 @@ mod tests {
                 })
                 .collect();
             let death = NetnsDeath {
-                inode: inode.map(Into::into),
+                inode,
                 nsid,
                 at: t(died),
                 source: crate::model::snapshot::DeathSource::RtmDelnsid,
