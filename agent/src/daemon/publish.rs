@@ -222,9 +222,7 @@ impl Agent {
             s.model = Some(snapshot);
             s.runtime = runtime;
         }
-        // Not the ledger: copying it whole for every pass (each death under
-        // churn) cost more than the pass's decide; housekeeping shows it in
-        // /state at most once a second.
+        self.publish_attachments();
         Ok(())
     }
 
