@@ -34,6 +34,11 @@ impl Drop for Child {
 
 fn park_child() -> ! {
     // Only async-signal-safe calls in the child of a multithreaded process.
+    // Close every inherited fd first: a copy of another test thread's pipe
+    // (a Command's exec-status pipe, a child's stdout) held by this paused
+    // child would keep that thread's read from ever seeing EOF.
+    // SAFETY: close_range on our own fd table; the child uses no fd.
+    unsafe { libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) };
     loop {
         // SAFETY: pause has no preconditions.
         unsafe { libc::pause() };

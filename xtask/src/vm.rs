@@ -32,11 +32,12 @@ usage: cargo xtask vm-test [--kernel 5.10|6.1|6.12|host|all] [--timeout SECS]
 Runs the kernel-facing tests (probe loading and events, BTF offsets, the
 reclaim lab) in Debian's 5.10, 6.1 and 6.12 cloud kernels under qemu (TCG) and on
 this host. Kernels are cached under target/vm/kernels; artifacts go to
-target/vm/artifacts. --timeout bounds each guest (default 300 s).
+target/vm/artifacts. --timeout bounds each guest (default 480 s; each test
+binary in a guest is bounded by 180 s, so a hang is named by its step).
 ";
 
 /// Per-guest bound under TCG.
-const DEFAULT_BOUND: Duration = Duration::from_mins(5);
+const DEFAULT_BOUND: Duration = Duration::from_mins(8);
 
 /// Packages the VM run needs on the host: (a file proving it, package).
 const VM_PACKAGES: &[(&str, &str)] = &[
@@ -199,6 +200,10 @@ struct Outcome {
     report: report::Report,
     elapsed: Duration,
     problem: Option<String>,
+    /// A failed guest's last console lines, printed again under the summary
+    /// so the end of a CI log shows why (the run printed them once already,
+    /// possibly far above).
+    failure_tail: Vec<String>,
 }
 
 fn matrix(ws: &Workspace, targets: &[Target], bound: Duration) -> Result<(), VmError> {
@@ -238,6 +243,12 @@ fn matrix(ws: &Workspace, targets: &[Target], bound: Duration) -> Result<(), VmE
         .collect();
     println!("\nnetreap kernel matrix (artifacts in {})", artifacts_dir.display());
     print!("{}", report::table(&rows));
+    for o in outcomes.iter().filter(|o| !o.failure_tail.is_empty()) {
+        println!("\n{} FAILED; the guest's last console lines:", o.target.name());
+        for line in &o.failure_tail {
+            println!("  {line}");
+        }
+    }
     let failed: Vec<String> = outcomes
         .iter()
         .filter(|o| o.problem.is_some() || !o.report.passed())
@@ -249,7 +260,7 @@ fn matrix(ws: &Workspace, targets: &[Target], bound: Duration) -> Result<(), VmE
 fn on_host(plan: &plan::Plan) -> Outcome {
     let start = Instant::now();
     let report = guest::run(plan);
-    Outcome { target: Target::Host, report, elapsed: start.elapsed(), problem: None }
+    Outcome { target: Target::Host, report, elapsed: start.elapsed(), problem: None, failure_tail: Vec::new() }
 }
 
 fn in_vm(vm_dir: &Path, series: &str, plan: &plan::Plan, xtask: &Path, bound: Duration) -> Result<Outcome, VmError> {
@@ -270,16 +281,14 @@ fn in_vm(vm_dir: &Path, series: &str, plan: &plan::Plan, xtask: &Path, bound: Du
         (qemu::End::Exited(status), None) => Some(format!("guest ended without a result (qemu: {status})")),
         (_, Some(_)) => None,
     };
-    if problem.is_some() || !report.passed() {
-        let tail = boot.console.len().saturating_sub(60);
-        eprintln!("xtask: vm-test: {series} FAILED; the guest's last console lines:");
-        for line in &boot.console[tail..] {
-            eprintln!("  {line}");
-        }
-    }
+    let failure_tail = if problem.is_some() || !report.passed() {
+        boot.console[boot.console.len().saturating_sub(60)..].to_vec()
+    } else {
+        Vec::new()
+    };
     let log = vm_dir.join("artifacts").join(format!("{series}.console.log"));
     fs::write(&log, boot.console.join("\n") + "\n").map_err(io_err(&log))?;
-    Ok(Outcome { target: Target::Vm(series.to_owned()), report, elapsed: boot.elapsed, problem })
+    Ok(Outcome { target: Target::Vm(series.to_owned()), report, elapsed: boot.elapsed, problem, failure_tail })
 }
 
 /// `<kernel>.txt`: the `netreap probes` report as printed in that kernel.
