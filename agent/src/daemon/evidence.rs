@@ -130,18 +130,8 @@ impl<'a> Incarnations<'a> {
     /// snapshot's order, as a walk of all of them would.
     pub(crate) fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
-        let mut found: Vec<usize> = self
-            .by_inode
-            .get(&inode)
-            .into_iter()
-            .flatten()
-            .chain(nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten())
-            .copied()
-            .collect();
-        found.sort_unstable();
-        found.dedup();
-        let ids: Vec<NetnsId> = found
-            .into_iter()
+        let ids: Vec<NetnsId> = self
+            .filed_under(Some(inode), nsid)
             .map(|i| self.netns[i])
             .filter(|v| v.id().may_be(&resolved))
             .map(Life::of)
@@ -151,18 +141,25 @@ impl<'a> Incarnations<'a> {
         if ids.is_empty() { vec![resolved] } else { ids }
     }
 
+    /// Positions of the netns filed under `inode` or `nsid`, ascending, each
+    /// once. Both lists are ascending (filed as the snapshot is walked), so
+    /// a merge gives what sorting and deduplicating their union would,
+    /// without allocating: kernels reuse the lowest free netns inode and
+    /// nsid, so under pod churn one key holds nearly every recent netns, and
+    /// sorting it again for every binding was quadratic in that history.
+    fn filed_under(&self, inode: Option<u64>, nsid: Option<i32>) -> Ascending<'_> {
+        let by_inode = inode.and_then(|i| self.by_inode.get(&i)).map_or(&[][..], Vec::as_slice);
+        let by_nsid = nsid.and_then(|n| self.by_nsid.get(&n)).map_or(&[][..], Vec::as_slice);
+        Ascending { a: by_inode, b: by_nsid }
+    }
+
     /// Positions of the netns sharing `id`'s inode or nsid, in order.
     fn sharing(&self, id: &NetnsId) -> Vec<usize> {
         if id.inode.is_none() && id.nsid.is_none() {
             // Nothing to look up by: every netns is a candidate.
             return (0..self.netns.len()).collect();
         }
-        let mut found: Vec<usize> =
-            id.inode.and_then(|i| self.by_inode.get(&i)).into_iter().flatten().copied().collect();
-        found.extend(id.nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten());
-        found.sort_unstable();
-        found.dedup();
-        found
+        self.filed_under(id.inode, id.nsid).collect()
     }
 
     /// The netns that may be `id` ([`NetnsId::may_be`]), in the snapshot's order.
@@ -179,9 +176,65 @@ impl<'a> Incarnations<'a> {
     }
 }
 
+/// The union of two ascending position lists, ascending, each position
+/// once (see [`Incarnations::filed_under`]).
+struct Ascending<'a> {
+    a: &'a [usize],
+    b: &'a [usize],
+}
+
+impl Iterator for Ascending<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let next = match (self.a.first(), self.b.first()) {
+            (None, None) => return None,
+            (Some(&x), None) => x,
+            (None, Some(&y)) => y,
+            (Some(&x), Some(&y)) => x.min(y),
+        };
+        // Past every copy of it in both lists.
+        while self.a.first() == Some(&next) {
+            self.a = &self.a[1..];
+        }
+        while self.b.first() == Some(&next) {
+            self.b = &self.b[1..];
+        }
+        Some(next)
+    }
+}
+
 /// The containers a netns that just died was bound to (for its death event).
 #[must_use]
 pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
+    let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
+    // What `ContainerIndex::containers_of` answers, without indexing (and
+    // copying) every binding of the ledger for one death: a walk that keeps
+    // the same attachments (pinned: by identity; otherwise: by inode, bound
+    // while this incarnation held it) and the same cache entries (by path).
+    let mut ids: Vec<String> = ledger
+        .attachments()
+        .filter(|a| match (a.pinned, a.netns_inode, a.netns_bound_at) {
+            (Some(id), _, _) => id.may_be(&life.id),
+            (None, Some(inode), Some(bound_at)) => life.id.inode == Some(inode) && life.held_inode_at(bound_at),
+            (None, _, _) => false,
+        })
+        .map(|a| a.container_id.clone())
+        .collect();
+    let mounts: Vec<PathBuf> = death.bind_mounts.iter().map(|m| path_key(m)).collect();
+    for entry in cache {
+        if entry.netns.as_deref().is_some_and(|p| mounts.contains(&path_key(Path::new(p)))) {
+            ids.push(entry.container_id.clone());
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The index-based answer [`containers_of_death`] must equal.
+#[cfg(test)]
+fn containers_of_death_indexed(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
     ContainerIndex::new(ledger, cache).containers_of(&life, &death.bind_mounts)
 }
@@ -616,6 +669,76 @@ mod tests {
             exact.dedup();
             expected.dedup();
             prop_assert_eq!(exact, expected);
+        });
+    }
+
+    /// A death's containers, walked, are those the container index gives.
+    #[test]
+    fn a_deaths_containers_walked_equal_the_indexed_ones() {
+        use proptest::prelude::*;
+        let an_attachment = (
+            prop::option::of(1u64..4),
+            prop::option::of(0u64..30),
+            prop::option::of((prop::option::of(1u64..4), prop::option::of(1i32..4), prop::option::of(0u64..30))),
+            prop::option::of(0usize..3),
+        );
+        let a_cache_entry = (0usize..6, prop::option::of(0usize..3));
+        let cases = (
+            prop::collection::vec(an_attachment, 0..6),
+            prop::collection::vec(a_cache_entry, 0..4),
+            (prop::option::of(1u32..4), prop::option::of(1i32..4), 0u64..30, 0u64..30),
+            prop::collection::vec(0usize..3, 0..3),
+        );
+        let paths = ["/run/netns/a", "/run/netns/b", "/run/netns//a"];
+        proptest!(ProptestConfig::with_cases(2000), |((attachments, cache, (inode, nsid, first, died), mounts) in cases)| {
+            let mut ledger = Ledger::new();
+            ledger.restore(
+                // Distinct container IDs (c0, c1, ...): restore keeps each.
+                attachments
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (inode, bound_at, pinned, path))| crate::ledger::Attachment {
+                        container_id: format!("c{i}"),
+                        netns_path: path.map(|p| paths[p].to_owned()),
+                        netns_inode: *inode,
+                        netns_nsid: None,
+                        netns_bound_at: bound_at.map(t),
+                        pinned: pinned.map(|(i, n, f)| NetnsId::new(i, n, f.map(t))),
+                        ifnames: Vec::new(),
+                        operations: Vec::new(),
+                        first_seen: t(0),
+                        last_seen: t(0),
+                    })
+                    .collect(),
+            );
+            let cache: Vec<CachedAttachment> = cache
+                .iter()
+                .enumerate()
+                .map(|(i, (owner, path))| CachedAttachment {
+                    path: PathBuf::from(format!("/cache/{i}")),
+                    network: "n".into(),
+                    container_id: format!("c{owner}"),
+                    ifname: "eth0".into(),
+                    netns: path.map(|p| paths[p].to_owned()),
+                    ips: Vec::new(),
+                    written_at: t(0),
+                    inode: 1,
+                })
+                .collect();
+            let death = NetnsDeath {
+                inode,
+                nsid,
+                at: t(died),
+                source: crate::model::snapshot::DeathSource::RtmDelnsid,
+                addresses: Vec::new(),
+                bind_mounts: mounts.iter().map(|&m| PathBuf::from(paths[m])).collect(),
+                first_seen: t(first),
+                creator: None,
+            };
+            prop_assert_eq!(
+                containers_of_death(&ledger, &cache, &death),
+                containers_of_death_indexed(&ledger, &cache, &death)
+            );
         });
     }
 }

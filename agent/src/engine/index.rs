@@ -84,7 +84,8 @@ fn push<K: std::hash::Hash + Eq>(map: &mut Map<K, Positions>, key: K, i: usize) 
 
 /// Where a binding's netns stands: what [`Index::live_matching`] and
 /// [`Index::dead_matching`] say of it, found once per binding instead of
-/// once per reservation of its container.
+/// once per reservation of its container, and only for bindings of a
+/// container some judged reservation names (see [`Index::binding_resolved`]).
 #[derive(Debug, Clone, Copy)]
 enum Resolved {
     Live(usize),
@@ -131,9 +132,14 @@ pub struct Index<'a> {
     live_paths: Vec<Arc<[PathBuf]>>,
     live_containers: Vec<Arc<[String]>>,
     /// Per binding, its netns name in the shared form facts cite it in.
-    binding_names: Vec<Arc<NetnsName>>,
-    /// Per binding, where its netns stands.
-    binding_resolved: Vec<Resolved>,
+    /// Filled on first use, like `binding_resolved`.
+    binding_names: Vec<std::cell::OnceCell<Arc<NetnsName>>>,
+    /// Per binding, where its netns stands, found on first use: a pass that
+    /// judges a few reservations (a death's) resolves only their
+    /// containers' bindings, not every binding of the node's recent history.
+    /// The answer depends on the observations alone (never on which
+    /// reservation asked, or when), so finding it late changes nothing.
+    binding_resolved: Vec<std::cell::OnceCell<Resolved>>,
 }
 
 impl<'a> Index<'a> {
@@ -158,8 +164,8 @@ impl<'a> Index<'a> {
             pods_by_ip: Map::default(),
             live_paths: obs.live.iter().map(|n| Arc::from(n.paths.as_slice())).collect(),
             live_containers: obs.live.iter().map(|n| Arc::from(n.container_ids.as_slice())).collect(),
-            binding_names: obs.bindings.iter().map(|b| Arc::new(b.netns.clone())).collect(),
-            binding_resolved: Vec::new(),
+            binding_names: obs.bindings.iter().map(|_| std::cell::OnceCell::new()).collect(),
+            binding_resolved: obs.bindings.iter().map(|_| std::cell::OnceCell::new()).collect(),
         };
         for (i, n) in obs.live.iter().enumerate() {
             n.id.inode.into_iter().for_each(|k| push(&mut ix.live_by_inode, k, i));
@@ -193,34 +199,70 @@ impl<'a> Index<'a> {
                 p.ips.iter().for_each(|ip| push(&mut ix.pods_by_ip, *ip, i));
             }
         }
-        ix.binding_resolved = obs
-            .bindings
-            .iter()
-            .map(|b| {
-                if let Some(i) = ix.live_position(&b.netns) {
-                    Resolved::Live(i)
-                } else if let Some(i) = ix.dead_position(&b.netns, b.seen_at) {
-                    Resolved::Dead(i)
-                } else {
-                    Resolved::Unresolved
-                }
-            })
-            .collect();
         ix
     }
 
-    /// Candidates for an identity, by inode and by nsid, in observation
-    /// order (a netns known only by nsid is found through its nsid).
-    fn by_id(by_inode: &Map<u64, Positions>, by_nsid: &Map<i32, Positions>, id: &NetnsId) -> Vec<usize> {
-        let mut found: Vec<usize> = id
-            .inode
-            .into_iter()
-            .flat_map(|i| at(by_inode, &i))
-            .chain(id.nsid.into_iter().flat_map(|n| at(by_nsid, &n)))
-            .collect();
-        found.sort_unstable();
-        found.dedup();
-        found
+    /// Where binding `i`'s netns stands (found once, on first use).
+    fn binding_resolved(&self, i: usize) -> Resolved {
+        *self.binding_resolved[i].get_or_init(|| {
+            let b = &self.obs.bindings[i];
+            if let Some(n) = self.live_position(&b.netns) {
+                Resolved::Live(n)
+            } else if let Some(n) = self.dead_position(&b.netns, b.seen_at) {
+                Resolved::Dead(n)
+            } else {
+                Resolved::Unresolved
+            }
+        })
+    }
+
+    /// The first position, in observation order, filed under `id`'s inode
+    /// or its nsid that `matches` accepts (a netns known only by nsid is
+    /// found through its nsid).
+    ///
+    /// Both lists are in ascending order (`push` files positions as the
+    /// observations are walked), so a merge of the two visits their union in
+    /// order, each position once, and stops at the first match: the answer
+    /// of sorting and deduplicating the union, then finding, without
+    /// allocating. Kernels reuse the lowest free netns inode and nsid, so
+    /// under pod churn nearly every dead netns is filed under the same key:
+    /// sorting that bucket again for every binding made the index quadratic
+    /// in the node's recent history.
+    fn first_by_id(
+        by_inode: &Map<u64, Positions>,
+        by_nsid: &Map<i32, Positions>,
+        id: &NetnsId,
+        mut matches: impl FnMut(usize) -> bool,
+    ) -> Option<usize> {
+        let inodes = id.inode.and_then(|i| by_inode.get(&i)).map_or(&[][..], Positions::as_slice);
+        let nsids = id.nsid.and_then(|n| by_nsid.get(&n)).map_or(&[][..], Positions::as_slice);
+        let (mut a, mut b) = (inodes.iter().peekable(), nsids.iter().peekable());
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (None, None) => return None,
+                (Some(&&x), None) => {
+                    a.next();
+                    x
+                }
+                (None, Some(&&y)) => {
+                    b.next();
+                    y
+                }
+                (Some(&&x), Some(&&y)) => {
+                    if x <= y {
+                        a.next();
+                    }
+                    if y <= x {
+                        b.next();
+                    }
+                    x.min(y)
+                }
+            };
+            let i = next as usize;
+            if matches(i) {
+                return Some(i);
+            }
+        }
     }
 
     /// Position of the live netns a reference may name (first in
@@ -228,9 +270,9 @@ impl<'a> Index<'a> {
     fn live_position(&self, netns: &NetnsName) -> Option<usize> {
         let obs = self.obs;
         match netns {
-            NetnsName::Id(id) => Self::by_id(&self.live_by_inode, &self.live_by_nsid, id)
-                .into_iter()
-                .find(|&i| obs.live[i].id.may_be(id)),
+            NetnsName::Id(id) => {
+                Self::first_by_id(&self.live_by_inode, &self.live_by_nsid, id, |i| obs.live[i].id.may_be(id))
+            }
             NetnsName::Path(p) => at(&self.live_by_path, &path_key(p)).next(),
         }
     }
@@ -239,18 +281,13 @@ impl<'a> Index<'a> {
     /// it died.
     fn dead_position(&self, netns: &NetnsName, seen_at: std::time::SystemTime) -> Option<usize> {
         let obs = self.obs;
-        let bucket = match netns {
-            NetnsName::Id(id) => Self::by_id(&self.dead_by_inode, &self.dead_by_nsid, id),
-            NetnsName::Path(p) => at(&self.dead_by_path, &path_key(p)).collect(),
-        };
-        bucket.into_iter().find(|&i| {
-            let d = &obs.dead[i];
-            seen_at <= d.died_at
-                && match netns {
-                    NetnsName::Id(id) => d.id.may_be(id),
-                    NetnsName::Path(_) => true,
-                }
-        })
+        match netns {
+            NetnsName::Id(id) => Self::first_by_id(&self.dead_by_inode, &self.dead_by_nsid, id, |i| {
+                let d = &obs.dead[i];
+                seen_at <= d.died_at && d.id.may_be(id)
+            }),
+            NetnsName::Path(p) => at(&self.dead_by_path, &path_key(p)).find(|&i| seen_at <= obs.dead[i].died_at),
+        }
     }
 
     /// Live netns a reference may name (first in observation order).
@@ -310,12 +347,13 @@ impl<'a> Index<'a> {
     ) -> impl Iterator<Item = (&'a Binding, Arc<NetnsName>, BindingLink<'a>)> + '_ {
         let obs = self.obs;
         at(&self.bindings_by_container, cid).map(move |i| {
-            let link = match self.binding_resolved[i] {
+            let link = match self.binding_resolved(i) {
                 Resolved::Live(n) => BindingLink::Live(&obs.live[n]),
                 Resolved::Dead(n) => BindingLink::Dead(&obs.dead[n]),
                 Resolved::Unresolved => BindingLink::Unresolved,
             };
-            (&obs.bindings[i], Arc::clone(&self.binding_names[i]), link)
+            let name = self.binding_names[i].get_or_init(|| Arc::new(obs.bindings[i].netns.clone()));
+            (&obs.bindings[i], Arc::clone(name), link)
         })
     }
 
@@ -343,5 +381,54 @@ impl<'a> Index<'a> {
     pub fn pods_with(&self, ip: IpAddr) -> impl Iterator<Item = &'a ApiPod> + '_ {
         let pods = self.obs.api_pods.as_deref().unwrap_or_default();
         at(&self.pods_by_ip, &ip).map(move |i| &pods[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// What `first_by_id` replaced: the union sorted and deduplicated, then
+    /// the first match.
+    fn reference(inodes: &[usize], nsids: &[usize], matches: &dyn Fn(usize) -> bool) -> Option<usize> {
+        let mut all: Vec<usize> = inodes.iter().chain(nsids).copied().collect();
+        all.sort_unstable();
+        all.dedup();
+        all.into_iter().find(|&i| matches(i))
+    }
+
+    proptest! {
+        /// The merge finds the same position as sorting the union did, for
+        /// any filing of positions under one inode and one nsid.
+        #[test]
+        fn the_merge_finds_what_the_sorted_union_found(
+            filed in proptest::collection::vec((any::<bool>(), any::<bool>()), 0..40),
+            accepted in proptest::collection::vec(any::<bool>(), 40),
+            with_inode in any::<bool>(),
+            with_nsid in any::<bool>(),
+        ) {
+            let (mut by_inode, mut by_nsid): (Map<u64, Positions>, Map<i32, Positions>) = Default::default();
+            let (mut inodes, mut nsids) = (Vec::new(), Vec::new());
+            for (i, (under_inode, under_nsid)) in filed.iter().enumerate() {
+                if *under_inode {
+                    push(&mut by_inode, 7, i);
+                    inodes.push(i);
+                }
+                if *under_nsid {
+                    push(&mut by_nsid, 3, i);
+                    nsids.push(i);
+                }
+            }
+            let id = NetnsId::new(with_inode.then_some(7), with_nsid.then_some(3), None);
+            let matches = |i: usize| accepted[i];
+            let expected = reference(
+                if with_inode { &inodes } else { &[] },
+                if with_nsid { &nsids } else { &[] },
+                &matches,
+            );
+            prop_assert_eq!(Index::first_by_id(&by_inode, &by_nsid, &id, matches), expected);
+        }
     }
 }
