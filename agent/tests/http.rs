@@ -40,7 +40,9 @@ impl Server {
         let endpoints = Endpoints {
             metrics: metrics.clone(),
             readiness: readiness.clone(),
-            state: Arc::new(|| serde_json::json!({ "reservations": [{ "ip": "10.22.0.5" }] })),
+            state: Arc::new(|w| {
+                serde_json::to_writer(w, &serde_json::json!({ "reservations": [{ "ip": "10.22.0.5" }] }))
+            }),
             exposure,
         };
         let (stop, stopped) = watch::channel(false);

@@ -47,7 +47,7 @@ async fn start_with(state: StateProvider) -> Server {
 }
 
 async fn start() -> Server {
-    start_with(Arc::new(|| serde_json::json!({}))).await
+    start_with(Arc::new(|w| serde_json::to_writer(w, &serde_json::json!({})))).await
 }
 
 impl Server {
@@ -330,9 +330,12 @@ async fn readyz_turns_ready_after_the_first_reconcile_and_healthz_is_always_up()
 async fn state_serves_the_providers_json_fresh_on_each_request() {
     let calls = Arc::new(AtomicU64::new(0));
     let seen = calls.clone();
-    let server = start_with(Arc::new(move || {
+    let server = start_with(Arc::new(move |w| {
         let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
-        serde_json::json!({ "netns_alive": 3, "reservations": [{ "ip": "10.22.0.5", "verdict": "in_use" }], "call": n })
+        let state = serde_json::json!({
+            "netns_alive": 3, "reservations": [{ "ip": "10.22.0.5", "verdict": "in_use" }], "call": n
+        });
+        serde_json::to_writer(w, &state)
     }))
     .await;
     for want in 1..=2 {
@@ -348,7 +351,7 @@ async fn state_serves_the_providers_json_fresh_on_each_request() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_panicking_state_provider_costs_one_500() {
-    let server = start_with(Arc::new(|| panic!("provider bug (expected by this test)"))).await;
+    let server = start_with(Arc::new(|_| panic!("provider bug (expected by this test)"))).await;
     assert_eq!(get(server.addr, "/state").await.status, 500);
     assert_eq!(get(server.addr, "/healthz").await.status, 200);
     server.shutdown().await;

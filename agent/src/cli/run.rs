@@ -36,11 +36,18 @@ pub fn main(args: &RunArgs) -> anyhow::Result<()> {
 /// copy of the agent's peak each (issue 13, 1,000-netns burst: agent VmHWM
 /// 123 MiB with the default, 74 MiB with one arena, same build and load).
 /// The agent's few threads seldom allocate at the same instant.
+///
+/// Large blocks (128 KiB and up: a /state response, a scan's buffers) are
+/// mapped on their own and unmapped when freed. glibc's default raises that
+/// threshold to the largest block freed so far (up to 32 MiB), after which
+/// such blocks come from the heap and their pages stay with the process:
+/// the next large block then adds to that instead of reusing it (VmHWM).
 fn one_malloc_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: sets a malloc tunable; called first thing, before the runtime
+    // SAFETY: sets malloc tunables; called first thing, before the runtime
     // starts any thread. A failure (0) leaves glibc's default.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
 }

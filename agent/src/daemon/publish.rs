@@ -8,7 +8,8 @@ use std::{
     time::SystemTime,
 };
 
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -53,15 +54,31 @@ pub(super) struct StateDoc {
     pub runtime: Option<crate::engine::RuntimeView>,
 }
 
+/// How a [`StateDoc`] is serialized: streamed field by field, never built
+/// as a `serde_json::Value` first (that copy of the whole state, as maps of
+/// strings, was the agent's peak memory). Keys in the order the `Value`
+/// gave them (sorted).
+#[derive(Serialize)]
+struct StateJson<'a> {
+    attachments: &'a [crate::ledger::Attachment],
+    model: Option<&'a crate::model::snapshot::ModelSnapshot>,
+    probes: &'a [crate::kernel::probes::ProbeStatus],
+    runtime: Option<&'a crate::engine::RuntimeView>,
+    verdicts: &'a [Verdict],
+}
+
 impl StateDoc {
-    fn to_json(&self) -> Value {
-        json!({
-            "probes": self.probes,
-            "model": self.model.as_deref(),
-            "attachments": *self.attachments,
-            "verdicts": *self.verdicts,
-            "runtime": self.runtime,
-        })
+    fn write_json(&self, out: &mut dyn std::io::Write) -> serde_json::Result<()> {
+        serde_json::to_writer(
+            out,
+            &StateJson {
+                attachments: &self.attachments,
+                model: self.model.as_deref(),
+                probes: &self.probes,
+                runtime: self.runtime.as_ref(),
+                verdicts: &self.verdicts,
+            },
+        )
     }
 }
 
@@ -97,7 +114,10 @@ pub(super) async fn serve_endpoint(
         readiness: readiness.clone(),
         // Runs on the blocking pool: copy the (shared) parts under the lock,
         // render without it, so a reconcile never waits for a slow reader.
-        state: Arc::new(move || state.lock().map(|s| s.clone()).map_or(Value::Null, |s| s.to_json())),
+        state: Arc::new(move |out| match state.lock().map(|s| s.clone()) {
+            Ok(doc) => doc.write_json(out),
+            Err(_) => serde_json::to_writer(out, &Value::Null),
+        }),
         exposure: Exposure { metrics: config.expose_metrics, state: config.expose_state },
     };
     let task = tokio::spawn(http::serve(listener, endpoints, stop_rx));

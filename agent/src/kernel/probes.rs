@@ -263,6 +263,114 @@ fn explain(e: &ProgramError, attach: Attach) -> String {
     }
 }
 
+/// `bpf(BPF_PROG_LOAD)`'s attributes up to `attach_btf_id` (the kernel
+/// takes a shorter `bpf_attr` and reads the rest as zero).
+#[repr(C)]
+#[derive(Default)]
+struct TracingProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+    prog_btf_fd: u32,
+    func_info_rec_size: u32,
+    func_info: u64,
+    func_info_cnt: u32,
+    line_info_rec_size: u32,
+    line_info: u64,
+    line_info_cnt: u32,
+    attach_btf_id: u32,
+}
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_TYPE_TRACING: u32 = 26;
+const BPF_TRACE_FENTRY: u32 = 24;
+
+/// Does this kernel refuse BPF trampolines outright? A two-instruction
+/// fentry program (`return 0`) on the first trampoline function the kernel
+/// has: `Some(EPERM)` when the kernel refuses it so (lockdown, no
+/// trampoline support), `None` otherwise (loaded, or refused for another
+/// reason, which the real load then reports). Costs a syscall, where aya's
+/// own check needs its parse of the kernel's BTF (~19 MB of heap).
+fn trampolines_refused(kernel_btf: &btf::Btf) -> Option<i32> {
+    let attach_btf_id = btf::TRAMPOLINE_FUNCTIONS.iter().find_map(|f| kernel_btf.func_id(f))?;
+    // mov r0, 0; exit
+    let insns: [u64; 2] = [0xb7, 0x95];
+    let license = c"GPL";
+    let attr = TracingProgLoad {
+        prog_type: BPF_PROG_TYPE_TRACING,
+        insn_cnt: 2,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        expected_attach_type: BPF_TRACE_FENTRY,
+        attach_btf_id,
+        ..TracingProgLoad::default()
+    };
+    // SAFETY: `attr` and the buffers it points to outlive the call; the
+    // kernel reads `size_of::<TracingProgLoad>()` bytes of it.
+    let fd =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_PROG_LOAD, &raw const attr, std::mem::size_of::<TracingProgLoad>()) };
+    if fd >= 0 {
+        // SAFETY: a program fd the kernel just gave us, closed once.
+        drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) });
+        return None;
+    }
+    let errno = io::Error::last_os_error().raw_os_error();
+    errno.filter(|e| *e == libc::EPERM)
+}
+
+/// Hides the kernel's BTF from this thread: a mount namespace of its own,
+/// private (nothing propagates back to the host's), with /dev/null bound
+/// over /sys/kernel/btf/vmlinux.
+fn hide_kernel_btf() -> io::Result<()> {
+    let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
+    // SAFETY: plain syscalls on this thread's own mount namespace; the
+    // strings are NUL-terminated literals.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(
+            std::ptr::null(),
+            c"/".as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            c"/dev/null".as_ptr(),
+            c"/sys/kernel/btf/vmlinux".as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ))
+    }
+}
+
+/// An `EbpfLoader` that has not parsed the kernel's BTF. aya 0.14's
+/// `EbpfLoader::new()` always parses it (5 MB of vmlinux BTF into ~19 MB of
+/// heap, dropped again by `.btf(None)`): that moment was the agent's peak
+/// memory (VmHWM, issue 13). So the loader is made on a short-lived thread
+/// that first hides the file from itself (its own mount namespace, gone
+/// with the thread); aya then finds nothing to parse. Where that cannot be
+/// done (no CAP_SYS_ADMIN), the loader is made as usual: the same programs
+/// load, at the higher peak.
+fn loader_without_kernel_btf() -> EbpfLoader<'static> {
+    let made = std::thread::Builder::new().name("netreap-loader".into()).spawn(|| {
+        if let Err(e) = hide_kernel_btf() {
+            tracing::debug!("cannot hide the kernel BTF from aya's loader ({e}): it parses it once");
+        }
+        EbpfLoader::new()
+    });
+    made.ok().and_then(|thread| thread.join().ok()).unwrap_or_else(EbpfLoader::new)
+}
+
 /// fentry/fexit need the kernel's BTF as aya parsed it.
 fn trampoline_btf(btf: Option<&AyaBtf>) -> Result<&AyaBtf, ProgramError> {
     btf.ok_or_else(|| {
@@ -405,23 +513,27 @@ impl Probes {
             super::tracefs::Tracefs::MountedBy(dir) => tracing::info!("mounted tracefs on {dir}"),
             super::tracefs::Tracefs::AlreadyMounted(_) => {}
         }
-        // Our parse of the kernel's BTF is dropped before aya parses it again:
-        // both at once would set the agent's peak memory.
-        let offsets = btf::resolve_offsets(&btf::Btf::from_sys_fs()?)?;
+        // Our parse of the kernel's BTF keeps only what the offsets and the
+        // trampoline check need, and is dropped before aya loads anything.
+        let (offsets, trampolines_refused) = {
+            let kernel_btf = btf::Btf::from_sys_fs()?;
+            (btf::resolve_offsets(&kernel_btf)?, trampolines_refused(&kernel_btf))
+        };
         // The programs use no CO-RE relocations: the loader needs no kernel
         // BTF. Only fentry/fexit do, parsed after the object is loaded so
         // the two never sit in memory together (the agent's peak RSS).
-        let mut ebpf = EbpfLoader::new()
+        let mut ebpf = loader_without_kernel_btf()
             .btf(None)
             .override_global("OFFSETS", &offsets, true)
             .load(EBPF_OBJECT)
             .map_err(|e| ProbeError::Object(Box::new(e)))?;
 
-        let aya_btf = PROBES
-            .iter()
-            .any(|p| matches!(p.attach, Attach::FEntry { .. } | Attach::FExit { .. }))
-            .then(|| AyaBtf::from_sys_fs().ok())
-            .flatten();
+        // aya's parse of the kernel's BTF (~19 MB of heap for a moment) only
+        // when a trampoline could load: where the kernel refuses them
+        // outright, every fentry/fexit probe is unavailable for that reason.
+        let wants_trampolines = PROBES.iter().any(|p| matches!(p.attach, Attach::FEntry { .. } | Attach::FExit { .. }));
+        let aya_btf =
+            (wants_trampolines && trampolines_refused.is_none()).then(|| AyaBtf::from_sys_fs().ok()).flatten();
         let mut status = Vec::with_capacity(PROBES.len());
         for spec in PROBES {
             // A survey (not strict) tries both sets.
@@ -464,6 +576,12 @@ impl Probes {
                     p.load()?;
                     p.attach(name).map(drop)
                 }),
+                Attach::FEntry { .. } | Attach::FExit { .. } if trampolines_refused.is_some() => {
+                    Err(ProgramError::SyscallError(aya::sys::SyscallError {
+                        call: "bpf_prog_load",
+                        io_error: io::Error::from_raw_os_error(trampolines_refused.unwrap_or(libc::EPERM)),
+                    }))
+                }
                 Attach::FEntry { function } => trampoline_btf(aya_btf.as_ref()).and_then(|b| {
                     let p = <&mut FEntry>::try_from(prog)?;
                     p.load(function, b)?;

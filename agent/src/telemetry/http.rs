@@ -117,9 +117,12 @@ impl Readiness {
     }
 }
 
-/// Produces the JSON served at /state; called once per request on tokio's
-/// blocking pool (so it may take a lock and copy), never on the event thread.
-pub type StateProvider = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+/// Writes the JSON served at /state into the writer it is given; called
+/// once per request on tokio's blocking pool (so it may take a lock and
+/// copy), never on the event thread. It serializes straight into the
+/// response: a `serde_json::Value` of the whole state first was the agent's
+/// peak memory (about 35 MiB of maps at 1,000 pods, issue 13).
+pub type StateProvider = Arc<dyn Fn(&mut dyn io::Write) -> serde_json::Result<()> + Send + Sync>;
 
 /// Which endpoints answer clients beyond loopback (config keys
 /// `expose_metrics`, `expose_state`). /healthz and /readyz always do.
@@ -374,11 +377,11 @@ async fn state(shared: &Shared) -> Response<Full<Bytes>> {
 fn render_state(provider: &StateProvider) -> Result<Vec<u8>, (StatusCode, String)> {
     // A panicking provider is a bug in the agent, but it must cost one 500,
     // not the connection and a confusing empty reply.
-    let Ok(value) = catch_unwind(AssertUnwindSafe(|| provider())) else {
+    let mut out = BoundedWriter { buf: Vec::new(), limit: MAX_RESPONSE_BYTES };
+    let Ok(written) = catch_unwind(AssertUnwindSafe(|| provider(&mut out))) else {
         return Err((StatusCode::INTERNAL_SERVER_ERROR, "the state provider panicked\n".to_owned()));
     };
-    let mut out = BoundedWriter { buf: Vec::new(), limit: MAX_RESPONSE_BYTES };
-    match serde_json::to_writer(&mut out, &value) {
+    match written {
         Ok(()) => {
             out.buf.push(b'\n');
             Ok(out.buf)
@@ -461,10 +464,11 @@ mod tests {
 
     #[test]
     fn an_oversized_state_is_refused_not_rendered() {
-        let huge: StateProvider = Arc::new(|| serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) }));
+        let huge: StateProvider =
+            Arc::new(|w| serde_json::to_writer(w, &serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) })));
         let refused = render_state(&huge).expect_err("over the limit");
         assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE);
-        let small: StateProvider = Arc::new(|| serde_json::json!({ "ok": true }));
+        let small: StateProvider = Arc::new(|w| serde_json::to_writer(w, &serde_json::json!({ "ok": true })));
         assert_eq!(render_state(&small).expect("small"), b"{\"ok\":true}\n");
     }
 }
