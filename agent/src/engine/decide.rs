@@ -32,20 +32,56 @@ pub const CLOCK_SLACK: Duration = Duration::from_secs(1);
 /// precede the exec record of the run that wrote it.
 pub const WATCH_SLACK: Duration = Duration::from_millis(100);
 
-/// One verdict per reservation, in the same order.
+/// Most threads a decision uses: the agent shares the node with its pods.
+const DECIDE_THREADS: usize = 2;
+/// Below this many reservations a second thread costs more than it saves
+/// (a verdict takes about a microsecond, a thread tens of them).
+pub(super) const PARALLEL_DECIDE_MIN: usize = 4096;
+
+/// One verdict per reservation, in the same order. Many reservations are
+/// judged on up to [`DECIDE_THREADS`] threads, each on its own half, against
+/// one shared index: judging is a pure function of the index and the
+/// reservation, so the verdicts are those of one thread.
 #[must_use]
-pub fn decide<R: Claim + Clone>(
+pub fn decide<R: Claim + Clone + Send + Sync>(
     obs: &Observations,
     reservations: &[R],
     now: SystemTime,
     policy: &Policy,
 ) -> Vec<Verdict<R>> {
     let index = Index::new(obs);
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(DECIDE_THREADS);
+    if threads < 2 || reservations.len() < PARALLEL_DECIDE_MIN {
+        return judge_all(&index, reservations, now, policy);
+    }
+    let (first, rest) = reservations.split_at(reservations.len() / 2);
+    std::thread::scope(|s| {
+        let index = &index;
+        let helper = std::thread::Builder::new()
+            .name("netreap-decide".into())
+            .spawn_scoped(s, move || judge_all(index, rest, now, policy));
+        let mut out = judge_all(index, first, now, policy);
+        // A thread that cannot be started: its half is judged here.
+        match helper.map(std::thread::ScopedJoinHandle::join) {
+            Ok(Ok(other)) => out.extend(other),
+            _ => out.extend(judge_all(index, rest, now, policy)),
+        }
+        out
+    })
+}
+
+/// Verdicts for `reservations`, in order, on this thread.
+fn judge_all<R: Claim + Clone>(
+    index: &Index<'_>,
+    reservations: &[R],
+    now: SystemTime,
+    policy: &Policy,
+) -> Vec<Verdict<R>> {
     let mut shared = SharedEvidence::default();
     reservations
         .iter()
         .map(|r| {
-            let (status, facts) = judge(&index, r, now, policy);
+            let (status, facts) = judge(index, r, now, policy);
             Verdict::with_evidence(r, status, shared.evidence(r.container_id(), facts))
         })
         .collect()

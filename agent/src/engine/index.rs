@@ -132,14 +132,15 @@ pub struct Index<'a> {
     live_paths: Vec<Arc<[PathBuf]>>,
     live_containers: Vec<Arc<[String]>>,
     /// Per binding, its netns name in the shared form facts cite it in.
-    /// Filled on first use, like `binding_resolved`.
-    binding_names: Vec<std::cell::OnceCell<Arc<NetnsName>>>,
+    /// Filled on first use, like `binding_resolved` (`OnceLock`s: a large
+    /// decision shares one index between two threads).
+    binding_names: Vec<std::sync::OnceLock<Arc<NetnsName>>>,
     /// Per binding, where its netns stands, found on first use: a pass that
     /// judges a few reservations (a death's) resolves only their
     /// containers' bindings, not every binding of the node's recent history.
     /// The answer depends on the observations alone (never on which
     /// reservation asked, or when), so finding it late changes nothing.
-    binding_resolved: Vec<std::cell::OnceCell<Resolved>>,
+    binding_resolved: Vec<std::sync::OnceLock<Resolved>>,
 }
 
 impl<'a> Index<'a> {
@@ -164,8 +165,8 @@ impl<'a> Index<'a> {
             pods_by_ip: Map::default(),
             live_paths: obs.live.iter().map(|n| Arc::from(n.paths.as_slice())).collect(),
             live_containers: obs.live.iter().map(|n| Arc::from(n.container_ids.as_slice())).collect(),
-            binding_names: obs.bindings.iter().map(|_| std::cell::OnceCell::new()).collect(),
-            binding_resolved: obs.bindings.iter().map(|_| std::cell::OnceCell::new()).collect(),
+            binding_names: obs.bindings.iter().map(|_| std::sync::OnceLock::new()).collect(),
+            binding_resolved: obs.bindings.iter().map(|_| std::sync::OnceLock::new()).collect(),
         };
         for (i, n) in obs.live.iter().enumerate() {
             n.id.inode.into_iter().for_each(|k| push(&mut ix.live_by_inode, k, i));

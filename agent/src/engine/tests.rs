@@ -714,3 +714,24 @@ proptest! {
         prop_assert_eq!(path_key(&a) == path_key(&b), same_netns_path(&a, &b));
     }
 }
+
+// Many reservations are judged on two threads: the verdicts, their order
+// included, must be what judging each alone gives.
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(16))]
+
+    #[test]
+    fn a_large_decision_on_two_threads_equals_one_by_one(
+        obs in observations(),
+        few in prop::collection::vec(a_reservation(), 1..6),
+        policy in a_policy(),
+    ) {
+        let rs: Vec<_> = few.iter().cycle().take(super::decide::PARALLEL_DECIDE_MIN + 7).cloned().collect();
+        let all = decide(&obs, &rs, now(), &policy);
+        prop_assert_eq!(all.len(), rs.len());
+        let each: Vec<_> = few.iter().map(|r| decide_one(&obs, r, now(), &policy)).collect();
+        for (i, v) in all.iter().enumerate() {
+            prop_assert_eq!(v, &each[i % few.len()]);
+        }
+    }
+}

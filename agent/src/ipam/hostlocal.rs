@@ -68,10 +68,27 @@ pub fn classify_name(name: &str) -> EntryName {
         return EntryName::LastReserved;
     }
     match name.parse::<IpAddr>() {
-        Ok(ip) if ip.to_string() == name => EntryName::Ip(ip),
+        Ok(ip) if renders_as(ip, name) => EntryName::Ip(ip),
         Ok(ip) => EntryName::NonCanonicalIp(ip),
         Err(_) => EntryName::NotIp,
     }
+}
+
+/// Whether `ip` prints as exactly `name`, compared as it is formatted (a
+/// listing classifies every name of 100k: no string per name).
+fn renders_as(ip: IpAddr, name: &str) -> bool {
+    struct Compare<'n> {
+        rest: &'n [u8],
+    }
+    impl std::fmt::Write for Compare<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let rest = self.rest.strip_prefix(s.as_bytes()).ok_or(std::fmt::Error)?;
+            self.rest = rest;
+            Ok(())
+        }
+    }
+    let mut compare = Compare { rest: name.as_bytes() };
+    std::fmt::Write::write_fmt(&mut compare, format_args!("{ip}")).is_ok() && compare.rest.is_empty()
 }
 
 /// Parses a reservation file's content the way the plugin matches it
