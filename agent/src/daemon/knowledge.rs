@@ -72,22 +72,22 @@ impl Agent {
         let same_boot = !knowledge.boot_id.is_empty() && knowledge.boot_id == self.memory.boot_id;
         let mut querier = crate::netlink::query::Querier::open().ok();
         // "This nsid is gone" is believed only from a kernel that answered a
-        // dump aimed at an nsid that exists. With no live netns to show one
-        // (every pod died while netreap was down), one is made for the check
-        // and dropped after it (it shows as a short-lived netns).
-        let mut scratch = None;
-        let mut known_good = snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid);
-        if known_good.is_none() && same_boot {
-            scratch = scratch_netns();
-            known_good = querier
-                .as_mut()
-                .zip(scratch.as_ref())
-                .and_then(|(q, fd)| q.nsid_of(std::os::fd::AsRawFd::as_raw_fd(fd), true).ok().flatten());
-        }
-        // The scratch netns took the lowest free nsid, maybe a saved one: it
-        // names the scratch now, so the netns that had it is gone (the
-        // kernel frees an nsid only when its netns dies).
-        let scratch_nsid = known_good.filter(|_| scratch.is_some());
+        // dump aimed at an nsid that exists. That reference must stay alive
+        // while the saved nsids are asked: a live netns of the model may be
+        // one deleted just before this start, destroyed a moment later (then
+        // the check fails and every saved netns that died while netreap was
+        // down stays "unknown"). So a netns is made for the check, held, and
+        // dropped after it (it shows as a short-lived netns); a model's live
+        // netns is the reference only when none can be made.
+        let scratch = if same_boot { scratch_netns() } else { None };
+        // The scratch took the lowest free nsid, maybe a saved one: it names
+        // the scratch now, so the netns that had it is gone (the kernel frees
+        // an nsid only when its netns dies).
+        let scratch_nsid = querier
+            .as_mut()
+            .zip(scratch.as_ref())
+            .and_then(|(q, fd)| q.nsid_of(std::os::fd::AsRawFd::as_raw_fd(fd), true).ok().flatten());
+        let known_good = scratch_nsid.or_else(|| snapshot.alive().find(|v| !v.host).and_then(|v| v.nsid));
         let mut nsid_exists = |nsid: i32| {
             if Some(nsid) == scratch_nsid {
                 return Some(false);
