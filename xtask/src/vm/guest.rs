@@ -67,7 +67,7 @@ pub fn run(plan: &Plan) -> Report {
             }
             Step::Events { netreap } => events(netreap, &probes),
             Step::Test { label, binary, args, must_pass, skips } => {
-                test_binary(label, binary, args, must_pass, skips, agent)
+                once_more_after_a_timeout(label, || test_binary(label, binary, args, must_pass, skips, agent))
             }
             Step::Skip { label, reason } => StepOutcome::skip(label, reason),
         };
@@ -142,20 +142,13 @@ fn probes_report(netreap: &Path) -> (StepOutcome, Vec<String>) {
     (outcome, lines)
 }
 
-/// Runs a libtest binary. A binary that hangs past [`STEP_TIMEOUT`] runs
-/// once more: a guest under software emulation has stalled a whole binary
-/// once in many runs, with every test passing on every other run. The
-/// first timeout stays on the record: a note line here, and in the step's
-/// note when the second run passes; a second timeout fails the step.
-fn test_binary(
-    label: &str,
-    binary: &Path,
-    args: &[String],
-    must_pass: &[String],
-    skips: &[(String, String)],
-    agent: Option<&Path>,
-) -> StepOutcome {
-    let (outcome, timed_out) = test_binary_once(label, binary, args, must_pass, skips, agent);
+/// Runs a step; one that hangs past [`STEP_TIMEOUT`] runs once more: a
+/// guest under software emulation has stalled a whole binary once in many
+/// runs, with every test passing on every other run. The first timeout
+/// stays on the record: a note line here, and in the step's note when the
+/// second run passes; a second timeout fails the step.
+fn once_more_after_a_timeout(label: &str, run: impl Fn() -> (StepOutcome, bool)) -> StepOutcome {
+    let (outcome, timed_out) = run();
     if !timed_out {
         return outcome;
     }
@@ -164,14 +157,14 @@ fn test_binary(
         report::NOTE,
         STEP_TIMEOUT.as_secs()
     );
-    let (mut second, _) = test_binary_once(label, binary, args, must_pass, skips, agent);
+    let (mut second, _) = run();
     second.note = format!("{} (the first run timed out after {}s)", second.note, STEP_TIMEOUT.as_secs());
     second
 }
 
 /// One run of a libtest binary; counts come from its `test result:` line.
 /// Also says whether it timed out.
-fn test_binary_once(
+fn test_binary(
     label: &str,
     binary: &Path,
     args: &[String],
