@@ -28,8 +28,7 @@ use netreap_testkit as support;
 
 use std::{
     collections::BTreeMap,
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
+    net::SocketAddr,
     path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
@@ -195,14 +194,7 @@ fn translate(daemonset: &Value, configmap: &Value, root: &Path, node_name: &str,
 
 /// One HTTP GET with a timeout, as kubelet's prober: (status, body).
 fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.33\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default()))
+    support::agent::http_get_with(addr, path, &[("User-Agent", "kube-probe/1.33")], timeout)
 }
 
 /// The node's address: where kubelet probes a hostNetwork pod.

@@ -75,15 +75,8 @@ impl Drop for Server {
 
 /// One GET on a fresh connection: (status, body).
 fn get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String) {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5))).expect("socket option");
-    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n{accept}Connection: close\r\n\r\n").expect("send");
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).expect("read reply");
-    let status = raw.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("reply {raw:?}"));
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
+    let headers: Vec<(&str, &str)> = accept.map(|a| ("Accept", a)).into_iter().collect();
+    support::agent::http_get_with(addr, path, &headers, Duration::from_secs(5)).expect("a reply")
 }
 
 /// Whether the server has closed `conn` (EOF or reset), without blocking.

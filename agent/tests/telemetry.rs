@@ -349,6 +349,39 @@ async fn state_serves_the_providers_json_fresh_on_each_request() {
     server.shutdown().await;
 }
 
+/// /state through a client that decodes chunked bodies (the testkit's, as
+/// the agent's tests read it).
+async fn get_decoded(addr: SocketAddr) -> Option<(u16, String)> {
+    tokio::task::spawn_blocking(move || netreap_testkit::agent::http_get_with(addr, "/state", &[], WAIT))
+        .await
+        .expect("the client thread")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_large_state_is_streamed_whole_and_one_cut_short_is_never_taken_for_whole() {
+    let verdicts: Vec<String> =
+        (0..50_000).map(|i| format!("10.{}.{}.{}", i / 65536, (i / 256) % 256, i % 256)).collect();
+    let doc = serde_json::json!({ "verdicts": verdicts });
+    let expected = doc.clone();
+    let server = start_with(Arc::new(move |w| serde_json::to_writer(w, &doc))).await;
+    let (status, body) = get_decoded(server.addr).await.expect("a reply");
+    assert_eq!(status, 200);
+    assert!(body.len() > 4 * netreap::telemetry::state_stream::CHUNK_BYTES, "several chunks: {}", body.len());
+    let value: serde_json::Value = serde_json::from_str(&body).expect("JSON body");
+    assert_eq!(value, expected);
+    server.shutdown().await;
+
+    // Three chunks, then a failure: the connection is cut, no final chunk.
+    let server = start_with(Arc::new(|w| {
+        w.write_all(&vec![b' '; 3 * netreap::telemetry::state_stream::CHUNK_BYTES]).map_err(serde_json::Error::io)?;
+        Err(serde::ser::Error::custom("cannot be encoded"))
+    }))
+    .await;
+    assert_eq!(get_decoded(server.addr).await, None, "a document cut short reads as no answer");
+    assert_eq!(get(server.addr, "/healthz").await.status, 200);
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_panicking_state_provider_costs_one_500() {
     let server = start_with(Arc::new(|_| panic!("provider bug (expected by this test)"))).await;

@@ -51,14 +51,56 @@ pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<D
 
 /// A plain HTTP/1.1 GET: (status, body), or None when the agent does not answer.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((code, body))
+    http_get_with(addr, path, &[], Duration::from_secs(5))
+}
+
+/// A plain HTTP/1.1 GET (`Connection: close`, with `headers`), each step
+/// within `timeout`: (status, body), or None when the server does not
+/// answer. A chunked body (a large /state) is decoded; one cut short (no
+/// final chunk) is None, never a shorter body.
+pub fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    timeout: Duration,
+) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.extend([name, ": ", value, "\r\n"]);
+    }
+    request.push_str("\r\n");
+    s.write_all(request.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let end_of_head = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..end_of_head]).ok()?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    let chunked = head.lines().skip(1).any(|l| {
+        l.split_once(':').is_some_and(|(name, value)| {
+            name.trim().eq_ignore_ascii_case("transfer-encoding") && value.trim().eq_ignore_ascii_case("chunked")
+        })
+    });
+    let body = &raw[end_of_head + 4..];
+    let body = if chunked { dechunk(body)? } else { body.to_vec() };
+    Some((code, String::from_utf8(body).ok()?))
+}
+
+/// The data of a chunked body, or None when it is malformed or cut short.
+fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let end_of_line = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size = std::str::from_utf8(&raw[..end_of_line]).ok()?.split(';').next()?.trim();
+        let size = usize::from_str_radix(size, 16).ok()?;
+        raw = &raw[end_of_line + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
 }
 
 impl Agent {

@@ -21,15 +21,16 @@
 //! [`MAX_CONNECTION_AGE`]; at most [`MAX_CONNECTIONS`] are open. When the
 //! table is full, a new connection evicts the oldest one that has no request
 //! being answered, so idle connections can never starve a health probe.
-//! Responses are bounded by [`MAX_RESPONSE_BYTES`]; /state is rendered on
-//! the blocking pool, never on the thread that serves events.
+//! /metrics is bounded by [`MAX_RESPONSE_BYTES`]; /state is rendered on the
+//! blocking pool, never on the thread that serves events, and streamed in
+//! chunks as it is rendered ([`super::state_stream`]), at most
+//! [`MAX_STATE_RENDERS`] at once.
 
 use std::{
     collections::HashMap,
     convert::Infallible,
     io,
     net::{IpAddr, SocketAddr},
-    panic::{AssertUnwindSafe, catch_unwind},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -38,7 +39,7 @@ use std::{
 };
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::{
     Method, Request, Response, StatusCode,
     body::Incoming,
@@ -54,7 +55,10 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
-use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE};
+use super::{
+    metrics::{Metrics, OPENMETRICS_CONTENT_TYPE, PROMETHEUS_CONTENT_TYPE},
+    state_stream::{self, Started, StateBody},
+};
 
 /// Default listen address: loopback, so a plain-host install exposes
 /// nothing. The `DaemonSet`'s `ConfigMap` widens it for kubelet and Prometheus.
@@ -74,11 +78,12 @@ pub const CLOSE_GRACE: Duration = Duration::from_secs(10);
 /// Connections open at once. When full, the oldest connection not being
 /// answered is closed to make room; if all are being answered, the new one is.
 pub const MAX_CONNECTIONS: usize = 256;
-/// Largest response body; /state past it is refused with 503 (use
-/// `netreap scan --json` on such a node).
+/// Largest /metrics exposition; past it, 503. (/state is streamed: its
+/// size costs no memory.)
 pub const MAX_RESPONSE_BYTES: usize = 32 * 1024 * 1024;
-/// /state renderings at once (each on the blocking pool); more get 503.
-const MAX_STATE_RENDERS: usize = 2;
+/// /state renderings at once (each on the blocking pool, for as long as its
+/// response is being sent); more get 503.
+pub const MAX_STATE_RENDERS: usize = 2;
 /// Pause after a failed accept (e.g. EMFILE) so the loop does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -120,8 +125,9 @@ impl Readiness {
 /// Writes the JSON served at /state into the writer it is given; called
 /// once per request on tokio's blocking pool (so it may take a lock and
 /// copy), never on the event thread. It serializes straight into the
-/// response: a `serde_json::Value` of the whole state first was the agent's
-/// peak memory (about 35 MiB of maps at 1,000 pods, issue 13).
+/// response, which is sent in chunks as they are written: a
+/// `serde_json::Value` of the whole state first, then the whole document in
+/// one buffer, were the agent's peak memory (issue 13).
 pub type StateProvider = Arc<dyn Fn(&mut dyn io::Write) -> serde_json::Result<()> + Send + Sync>;
 
 /// Which endpoints answer clients beyond loopback (config keys
@@ -159,7 +165,7 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
 /// Shared by every connection.
 struct Shared {
     endpoints: Endpoints,
-    state_renders: Semaphore,
+    state_renders: Arc<Semaphore>,
 }
 
 /// An open connection in the table.
@@ -177,7 +183,7 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, mut shutdown: wa
     if let Ok(addr) = listener.local_addr() {
         info!(%addr, exposure = ?endpoints.exposure, "http: serving /metrics /healthz /readyz /state");
     }
-    let shared = Arc::new(Shared { endpoints, state_renders: Semaphore::new(MAX_STATE_RENDERS) });
+    let shared = Arc::new(Shared { endpoints, state_renders: Arc::new(Semaphore::new(MAX_STATE_RENDERS)) });
     let mut connections = JoinSet::new();
     let mut open: HashMap<tokio::task::Id, Open> = HashMap::new();
     loop {
@@ -247,8 +253,12 @@ async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, bu
         let (shared, busy) = (Arc::clone(&shared), Arc::clone(&busy));
         async move {
             busy.store(true, Ordering::Release);
-            let response = respond(&request, peer, &shared).await;
-            busy.store(false, Ordering::Release);
+            let mut response = respond(&request, peer, &shared).await;
+            match response.body_mut() {
+                // Busy until the whole document is sent.
+                Either::Right(streamed) => streamed.hold_busy(Arc::clone(&busy)),
+                Either::Left(_) => busy.store(false, Ordering::Release),
+            }
             Ok::<_, Infallible>(response)
         }
     });
@@ -314,23 +324,33 @@ fn body_response(status: StatusCode, content_type: &'static str, body: Bytes) ->
     response
 }
 
-async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Response<Full<Bytes>> {
-    let endpoints = &shared.endpoints;
+/// A whole body, or /state's streamed one.
+type ResponseBody = Either<Full<Bytes>, StateBody>;
+
+async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared) -> Response<ResponseBody> {
+    match answer(request, peer, &shared.endpoints) {
+        Some(plain) => plain.map(Either::Left),
+        None => state(shared).await,
+    }
+}
+
+/// The answer to anything but a /state that is allowed (None).
+fn answer(request: &Request<Incoming>, peer: SocketAddr, endpoints: &Endpoints) -> Option<Response<Full<Bytes>>> {
     // Absolute-form targets are for proxies; this is not one.
     if request.uri().scheme().is_some() || request.uri().authority().is_some() {
-        return text(StatusCode::BAD_REQUEST, "bad request: absolute-form target\n");
+        return Some(text(StatusCode::BAD_REQUEST, "bad request: absolute-form target\n"));
     }
     let path = request.uri().path();
     if !matches!(path, "/metrics" | "/healthz" | "/readyz" | "/state") {
-        return text(StatusCode::NOT_FOUND, "not found; try /metrics /healthz /readyz /state\n");
+        return Some(text(StatusCode::NOT_FOUND, "not found; try /metrics /healthz /readyz /state\n"));
     }
     if request.method() != Method::GET && request.method() != Method::HEAD {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed; use GET\n");
         response.headers_mut().insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-        return response;
+        return Some(response);
     }
     let local = is_local(peer.ip());
-    match path {
+    Some(match path {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" if endpoints.readiness.is_ready() => text(StatusCode::OK, "ready\n"),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready: the first full reconcile has not finished\n"),
@@ -347,7 +367,10 @@ async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared)
                 (PROMETHEUS_CONTENT_TYPE, endpoints.metrics.encode())
             };
             if body.len() > MAX_RESPONSE_BYTES {
-                return text(StatusCode::SERVICE_UNAVAILABLE, "metrics exposition over the response size limit\n");
+                return Some(text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "metrics exposition over the response size limit\n",
+                ));
             }
             body_response(StatusCode::OK, content_type, Bytes::from(body))
         }
@@ -355,66 +378,26 @@ async fn respond(request: &Request<Incoming>, peer: SocketAddr, shared: &Shared)
             StatusCode::FORBIDDEN,
             "/state lists every pod IP of the node and answers loopback clients only; set expose_state = true to serve it beyond\n",
         ),
-        _ => state(shared).await,
-    }
+        _ => return None,
+    })
 }
 
-/// Renders /state on the blocking pool, bounded in count and size.
-async fn state(shared: &Shared) -> Response<Full<Bytes>> {
-    let Ok(_permit) = shared.state_renders.try_acquire() else {
-        return text(StatusCode::SERVICE_UNAVAILABLE, "busy rendering /state; retry\n");
+/// /state: rendered on the blocking pool and streamed, at most
+/// [`MAX_STATE_RENDERS`] at once.
+async fn state(shared: &Shared) -> Response<ResponseBody> {
+    let Ok(permit) = Arc::clone(&shared.state_renders).try_acquire_owned() else {
+        return text(StatusCode::SERVICE_UNAVAILABLE, "busy rendering /state; retry\n").map(Either::Left);
     };
-    let provider = Arc::clone(&shared.endpoints.state);
-    let rendered = tokio::task::spawn_blocking(move || render_state(&provider)).await;
-    match rendered {
-        Ok(Ok(body)) => body_response(StatusCode::OK, "application/json", Bytes::from(body)),
-        Ok(Err((status, message))) => text(status, message),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("rendering the state: {e}\n")),
-    }
-}
-
-/// The JSON body, or the status and message to answer instead.
-fn render_state(provider: &StateProvider) -> Result<Vec<u8>, (StatusCode, String)> {
-    // A panicking provider is a bug in the agent, but it must cost one 500,
-    // not the connection and a confusing empty reply.
-    let mut out = BoundedWriter { buf: Vec::new(), limit: MAX_RESPONSE_BYTES };
-    let Ok(written) = catch_unwind(AssertUnwindSafe(|| provider(&mut out))) else {
-        return Err((StatusCode::INTERNAL_SERVER_ERROR, "the state provider panicked\n".to_owned()));
-    };
-    match written {
-        Ok(()) => {
-            out.buf.push(b'\n');
-            Ok(out.buf)
+    match state_stream::start(Arc::clone(&shared.endpoints.state), permit).await {
+        Started::Whole(doc) => body_response(StatusCode::OK, "application/json", doc).map(Either::Left),
+        Started::Streaming(body) => {
+            let mut response = Response::new(Either::Right(body));
+            let headers = response.headers_mut();
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            response
         }
-        Err(e) if e.is_io() => Err((
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the state is larger than {} MiB; use `netreap scan --json` on this node\n",
-                MAX_RESPONSE_BYTES / (1024 * 1024)
-            ),
-        )),
-        Err(e) => Err((StatusCode::INTERNAL_SERVER_ERROR, format!("encoding the state: {e}\n"))),
-    }
-}
-
-/// A `Vec` that refuses to grow past `limit`, so an oversized document
-/// costs at most `limit` bytes of memory before it is refused.
-struct BoundedWriter {
-    buf: Vec<u8>,
-    limit: usize,
-}
-
-impl io::Write for BoundedWriter {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if self.buf.len() + bytes.len() > self.limit {
-            return Err(io::Error::other("response size limit"));
-        }
-        self.buf.extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        Started::Failed(reason) => text(StatusCode::INTERNAL_SERVER_ERROR, reason).map(Either::Left),
     }
 }
 
@@ -460,15 +443,5 @@ mod tests {
         assert!(!prefers(&["application/openmetrics-text;q=0"]), "q=0 means not acceptable");
         assert!(prefers(&["text/plain;q=0.2", "Application/OpenMetrics-Text; q=0.3"]), "several headers, any case");
         assert!(!prefers(&["application/json"]), "unknown only: text");
-    }
-
-    #[test]
-    fn an_oversized_state_is_refused_not_rendered() {
-        let huge: StateProvider =
-            Arc::new(|w| serde_json::to_writer(w, &serde_json::json!({ "blob": "x".repeat(MAX_RESPONSE_BYTES) })));
-        let refused = render_state(&huge).expect_err("over the limit");
-        assert_eq!(refused.0, StatusCode::SERVICE_UNAVAILABLE);
-        let small: StateProvider = Arc::new(|w| serde_json::to_writer(w, &serde_json::json!({ "ok": true })));
-        assert_eq!(render_state(&small).expect("small"), b"{\"ok\":true}\n");
     }
 }

@@ -6,4 +6,5 @@ pub mod event;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod state_stream;
 pub mod stream;
