@@ -165,7 +165,8 @@ fn step(scan: &mut EnvScan, data: &mut CniExecData, chunk: &mut [u64; CHUNK_WORD
             } else if is(w0, w1, &IFNAME) {
                 data.flags |= cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
             } else if is(w0, w1, &ARGS) {
-                data.flags |= cni_flag::HAS_CNI_ARGS | copy_value(&mut data.cni_args, p + 9, cni_flag::CNI_ARGS_TRUNCATED);
+                data.flags |=
+                    cni_flag::HAS_CNI_ARGS | copy_value(&mut data.cni_args, p + 9, cni_flag::CNI_ARGS_TRUNCATED);
             }
         }
     }

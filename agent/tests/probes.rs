@@ -307,8 +307,8 @@ fn run_with_cni_args(plugin: &std::path::Path, container: &str, args: &std::ffi:
 
 #[test]
 fn the_exec_record_carries_cni_args_which_name_the_pod() {
-    use std::os::unix::ffi::OsStrExt as _;
     use netreap::kube::agent::pod_of_cni_args_record;
+    use std::os::unix::ffi::OsStrExt as _;
     if !kernel_tests_possible() {
         return;
     }
