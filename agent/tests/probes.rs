@@ -305,6 +305,9 @@ fn run_with_cni_args(plugin: &std::path::Path, container: &str, args: &std::ffi:
     pid
 }
 
+/// CNI_ARGS bytes, the pod they name, whether the kernel cuts them.
+type CniArgsCase<'a> = (&'a [u8], Option<(&'a str, &'a str)>, bool);
+
 #[test]
 fn the_exec_record_carries_cni_args_which_name_the_pod() {
     use netreap::kube::agent::pod_of_cni_args_record;
@@ -325,7 +328,7 @@ fn the_exec_record_carries_cni_args_which_name_the_pod() {
     let cut_after_name = format!("K8S_POD_NAMESPACE=nra-ns;K8S_POD_NAME=nra-pod-1;K8S_POD_UID={}", "u".repeat(500));
     runtime().block_on(async {
         for (scan, mut w) in both_scans() {
-            let cases: [(&[u8], Option<(&str, &str)>, bool); 6] = [
+            let cases: [CniArgsCase; 6] = [
                 (real.as_bytes(), Some(("nra-ns", "nra-pod-0")), false),
                 (long_name.as_bytes(), None, true),
                 (cut_after_name.as_bytes(), Some(("nra-ns", "nra-pod-1")), true),
