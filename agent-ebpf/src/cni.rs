@@ -77,7 +77,7 @@ struct EnvScan {
 }
 
 /// A `KEY=` prefix as two little-endian words, the second masked to the
-/// key's length (10 to 16 bytes).
+/// key's length (9 to 16 bytes).
 struct Key {
     w0: u64,
     w1: u64,
@@ -105,6 +105,7 @@ const COMMAND: Key = key(b"CNI_COMMAND=");
 const CONTAINER_ID: Key = key(b"CNI_CONTAINERID=");
 const NETNS: Key = key(b"CNI_NETNS=");
 const IFNAME: Key = key(b"CNI_IFNAME=");
+const ARGS: Key = key(b"CNI_ARGS=");
 /// "CNI_" in the low half of the first word.
 const CNI_PREFIX: u64 = COMMAND.w0 & 0xffff_ffff;
 
@@ -163,6 +164,9 @@ fn step(scan: &mut EnvScan, data: &mut CniExecData, chunk: &mut [u64; CHUNK_WORD
                 data.flags |= cni_flag::HAS_NETNS | copy_value(&mut data.netns, p + 10, cni_flag::NETNS_TRUNCATED);
             } else if is(w0, w1, &IFNAME) {
                 data.flags |= cni_flag::HAS_IFNAME | copy_value(&mut data.ifname, p + 11, cni_flag::IFNAME_TRUNCATED);
+            } else if is(w0, w1, &ARGS) {
+                data.flags |=
+                    cni_flag::HAS_CNI_ARGS | copy_value(&mut data.cni_args, p + 9, cni_flag::CNI_ARGS_TRUNCATED);
             }
         }
     }
@@ -203,6 +207,7 @@ fn begin(variant: u32) -> Result<EnvScan, i64> {
     data.netns[0] = 0;
     data.ifname[0] = 0;
     data.filename[0] = 0;
+    data.cni_args[0] = 0;
     Ok(EnvScan { p: env_start, end: env_end, continuing: 0, scanned: 0, tail_slot: u64::from(TAIL_NEXT) })
 }
 

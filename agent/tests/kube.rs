@@ -708,6 +708,21 @@ fn events_for_a_stuck_sandbox_and_a_conflict() {
 /// container's CNI run (the pool names no pod): the allocation is kept
 /// while the pod is Pending, released once the pod is gone, and the Event
 /// lands on that pod.
+/// A process stopped (SIGSTOP) until dropped (SIGCONT), even on failure.
+struct Frozen(u32);
+impl Frozen {
+    fn stop(pid: u32) -> Self {
+        let status = std::process::Command::new("kill").args(["-STOP", &pid.to_string()]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -STOP {pid}");
+        Self(pid)
+    }
+}
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill").args(["-CONT", &self.0.to_string()]).status();
+    }
+}
+
 #[test]
 fn a_pending_pod_named_only_by_cni_args_keeps_its_allocation() {
     if !possible() {
@@ -721,7 +736,13 @@ fn a_pending_pod_named_only_by_cni_args_keeps_its_allocation() {
     let agent = setup.agent(&api, &[]);
     api.create_pod("nrk-ns", "argsonly", NODE, "Pending", &[]);
     let mut sandbox = Sandbox::new();
+    // The agent is stopped while the plugin runs, exits and is reaped: its
+    // /proc/<pid>/environ is gone before the agent reads the exec record,
+    // so the pod's name can only come from the record itself (a plugin that
+    // exits at once: the race this used to lose now and then).
+    let frozen = Frozen::stop(agent.pid().expect("the agent runs"));
     let ip = plugin.add_with(&api, &pool, &sandbox, "nrk-ns", "argsonly", false);
+    drop(frozen);
     assert!(allocations(&api, &pool).values().all(|a| a["podref"] == ""), "the pool names no pod");
     let named = wait_until(Duration::from_secs(10), || {
         wb_verdict(&agent, &ip).is_some_and(|v| has_fact(&v, "api_pending_pod_named_by_cni_run"))

@@ -289,6 +289,72 @@ fn non_cni_processes_are_filtered_in_the_kernel_and_long_values_are_flagged() {
     });
 }
 
+/// Runs the fake plugin with CNI_ARGS set to `args` (raw bytes: they may be
+/// hostile) and returns the pid.
+fn run_with_cni_args(plugin: &std::path::Path, container: &str, args: &std::ffi::OsStr) -> u32 {
+    let mut child = Command::new(plugin)
+        .env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_ARGS", args)
+        .env("FAKE_EXIT", "0")
+        .spawn()
+        .expect("plugin runs");
+    let pid = child.id();
+    child.wait().expect("plugin exits");
+    pid
+}
+
+/// CNI_ARGS bytes, the pod they name, whether the kernel cuts them.
+type CniArgsCase<'a> = (&'a [u8], Option<(&'a str, &'a str)>, bool);
+
+#[test]
+fn the_exec_record_carries_cni_args_which_name_the_pod() {
+    use netreap::kube::agent::pod_of_cni_args_record;
+    use std::os::unix::ffi::OsStrExt as _;
+    if !kernel_tests_possible() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let plugin = fake_plugin(dir.path());
+    let container = unique("nrActr");
+    let real = format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=nra-ns;K8S_POD_NAME=nra-pod-0;K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+        "f".repeat(64),
+        "0".repeat(36)
+    );
+    // Past the kernel's buffer, cut inside a long pod name.
+    let long_name = format!("K8S_POD_NAMESPACE=nra-ns;K8S_POD_NAME={}", "p".repeat(500));
+    let cut_after_name = format!("K8S_POD_NAMESPACE=nra-ns;K8S_POD_NAME=nra-pod-1;K8S_POD_UID={}", "u".repeat(500));
+    runtime().block_on(async {
+        for (scan, mut w) in both_scans() {
+            let cases: [CniArgsCase; 6] = [
+                (real.as_bytes(), Some(("nra-ns", "nra-pod-0")), false),
+                (long_name.as_bytes(), None, true),
+                (cut_after_name.as_bytes(), Some(("nra-ns", "nra-pod-1")), true),
+                (b"no equals sign", None, false),
+                (b"K8S_POD_NAMESPACE=nra-ns;K8S_POD_NAME=a;K8S_POD_NAME=b", None, false),
+                (b"K8S_POD_NAMESPACE=nra-ns;K8S_POD_NAME=\xff\xfe", None, false),
+            ];
+            for (args, pod, truncated) in cases {
+                let pid = run_with_cni_args(&plugin, &container, std::ffi::OsStr::from_bytes(args));
+                let (exec, _) = w
+                    .wait_for(WAIT, "cni exec", |e| matches!(e, KernelEvent::CniExec { task, .. } if task.tgid == pid))
+                    .await;
+                let KernelEvent::CniExec { exec, .. } = exec else { unreachable!() };
+                let label = format!("{scan}: {}", String::from_utf8_lossy(args));
+                let got = exec.cni_args.expect("CNI_ARGS is in the record");
+                assert_eq!(got.truncated, truncated, "{label}");
+                if !truncated {
+                    assert_eq!(got.value.as_bytes(), String::from_utf8_lossy(args).as_bytes(), "{label}");
+                }
+                let expected = pod.map(|(ns, name)| (ns.to_owned(), name.to_owned()));
+                assert_eq!(pod_of_cni_args_record(&got), expected, "{label}");
+            }
+        }
+    });
+}
+
 /// Runs the fake plugin with `fillers` variables that sort before the CNI_
 /// ones (Command orders the environment by name), so the CNI values come
 /// after all of them. Returns the pid.

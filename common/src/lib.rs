@@ -42,11 +42,14 @@ pub mod cni_flag {
     /// tail-call limit, or an unreadable string): a value after that point
     /// would be missing, so the run is reported even without CNI_COMMAND.
     pub const ENV_SCAN_LIMIT: u32 = 1 << 5;
+    pub const CNI_ARGS_TRUNCATED: u32 = 1 << 6;
     /// CNI_COMMAND was found (a record with ENV_SCAN_LIMIT may lack it).
     pub const HAS_COMMAND: u32 = 1 << 11;
     pub const HAS_CONTAINER_ID: u32 = 1 << 8;
     pub const HAS_NETNS: u32 = 1 << 9;
     pub const HAS_IFNAME: u32 = 1 << 10;
+    /// CNI_ARGS was found (it names the pod: K8S_POD_NAMESPACE, K8S_POD_NAME).
+    pub const HAS_CNI_ARGS: u32 = 1 << 12;
 }
 
 pub const COMM_LEN: usize = 16;
@@ -55,6 +58,11 @@ pub const CNI_CONTAINER_ID_LEN: usize = 128;
 pub const CNI_NETNS_LEN: usize = 256;
 pub const CNI_IFNAME_LEN: usize = 32;
 pub const FILENAME_LEN: usize = 256;
+/// CNI_ARGS as the runtime writes it (`IgnoreUnknown=1;K8S_POD_NAMESPACE=..;
+/// K8S_POD_NAME=..;K8S_POD_INFRA_CONTAINER_ID=..;K8S_POD_UID=..`): about 200
+/// bytes for the longest names in practice; a longer one is flagged cut and
+/// the agent falls back to /proc/<pid>/environ.
+pub const CNI_ARGS_LEN: usize = 384;
 /// Which environment scan produced a CNI_EXEC record
 /// (`CniExecData::scan_variant`). Ids are stable: never renumber.
 pub mod scan_variant {
@@ -124,6 +132,9 @@ pub struct CniExecData {
     pub netns: [u8; CNI_NETNS_LEN],
     pub ifname: [u8; CNI_IFNAME_LEN],
     pub filename: [u8; FILENAME_LEN],
+    /// CNI_ARGS, so the pod's name survives a plugin that exits before the
+    /// agent could read its environment.
+    pub cni_args: [u8; CNI_ARGS_LEN],
 }
 
 // Layout guards: the kernel and the agent agree on these sizes, and no
@@ -131,9 +142,15 @@ pub struct CniExecData {
 const _: () = assert!(core::mem::size_of::<EventHeader>() == 48);
 const _: () = assert!(
     core::mem::size_of::<CniExecData>()
-        == 4 * 4 + CNI_COMMAND_LEN + CNI_CONTAINER_ID_LEN + CNI_NETNS_LEN + CNI_IFNAME_LEN + FILENAME_LEN
+        == 4 * 4
+            + CNI_COMMAND_LEN
+            + CNI_CONTAINER_ID_LEN
+            + CNI_NETNS_LEN
+            + CNI_IFNAME_LEN
+            + FILENAME_LEN
+            + CNI_ARGS_LEN
 );
-const _: () = assert!(core::mem::size_of::<Event<CniExecData>>() == 48 + 704);
+const _: () = assert!(core::mem::size_of::<Event<CniExecData>>() == 48 + 704 + CNI_ARGS_LEN);
 
 /// CNI_EXIT.
 #[repr(C)]

@@ -191,6 +191,12 @@ impl Agent {
         self.events().into_iter().filter(|e| e["event"] == name).collect()
     }
 
+    /// The agent's process id, while it runs.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn state(&self) -> Value {
         http_get(self.addr, "/state").and_then(|(_, b)| serde_json::from_str(&b).ok()).unwrap_or(Value::Null)
     }

@@ -53,7 +53,7 @@ impl Agent {
         if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), event)
             && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
         {
-            k.on_cni_exec(task.tgid, &cid.value);
+            k.on_cni_exec(task.tgid, &cid.value, exec.cni_args.as_ref());
         }
         // An exit of a run whose container is unknown (its environment was
         // not read that far) ends no attachment but ends a run all the same.

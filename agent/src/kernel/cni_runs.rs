@@ -113,6 +113,7 @@ mod tests {
                 container_id: Some(v("c1")),
                 netns: None,
                 ifname: None,
+                cni_args: None,
                 env_scan_limited: false,
                 env_scanned: 4,
                 uid,

@@ -98,6 +98,10 @@ pub struct CniExec {
     pub container_id: Option<CniValue>,
     pub netns: Option<CniValue>,
     pub ifname: Option<CniValue>,
+    /// CNI_ARGS (names the pod); `truncated` when it filled the kernel's
+    /// buffer, so only its complete `key=value;` pairs are trusted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cni_args: Option<CniValue>,
     /// The kernel's scan stopped before the end of the environment: a CNI_
     /// value (even CNI_COMMAND) may be missing. Such a run is unknown, never
     /// absent.
@@ -249,6 +253,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
                     container_id: value(&d.container_id, cni_flag::HAS_CONTAINER_ID, cni_flag::CONTAINER_ID_TRUNCATED),
                     netns: value(&d.netns, cni_flag::HAS_NETNS, cni_flag::NETNS_TRUNCATED),
                     ifname: value(&d.ifname, cni_flag::HAS_IFNAME, cni_flag::IFNAME_TRUNCATED),
+                    cni_args: value(&d.cni_args, cni_flag::HAS_CNI_ARGS, cni_flag::CNI_ARGS_TRUNCATED),
                     env_scan_limited: has(cni_flag::ENV_SCAN_LIMIT),
                     env_scanned: d.env_scanned,
                     uid: d.uid,
@@ -310,6 +315,7 @@ mod tests {
             netns: [0; 256],
             ifname: [0; 32],
             filename: [0; FILENAME_LEN],
+            cni_args: [0; netreap_common::CNI_ARGS_LEN],
         };
         fill(&mut d.command, "ADD");
         fill(&mut d.container_id, "abc123");

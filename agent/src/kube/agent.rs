@@ -27,6 +27,7 @@ use crate::{
     config::Config,
     engine::{Evidence, Observations, Policy, Status, Verdict, decide},
     ipam::{Anomaly, StoreRef, cnicache::CachedAttachment},
+    kernel::events::CniValue,
     ledger::Ledger,
     release::{Journal, JournalError, Outcome, ReleaseRecord},
     telemetry::metrics::Metrics,
@@ -86,17 +87,39 @@ pub fn pod_from_environ(path: &str, container_id: &str) -> Option<(String, Strin
 }
 
 /// `K8S_POD_NAMESPACE` and `K8S_POD_NAME` of a `CNI_ARGS` value
-/// (`IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;...`).
+/// (`IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;...`). None when
+/// either is missing, empty, given twice (which one would the plugin
+/// believe?) or not a Kubernetes name.
 #[must_use]
 pub fn pod_of_cni_args(args: &str) -> Option<(String, String)> {
     let get = |key: &str| {
-        args.split(';')
-            .filter_map(|kv| kv.split_once('='))
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| v.to_owned())
-            .filter(|v| !v.is_empty())
+        let mut values = args.split(';').filter_map(|kv| kv.split_once('=')).filter(|(k, _)| *k == key);
+        let (_, value) = values.next()?;
+        if values.next().is_some() || !is_kube_name(value) {
+            return None;
+        }
+        Some(value.to_owned())
     };
     Some((get("K8S_POD_NAMESPACE")?, get("K8S_POD_NAME")?))
+}
+
+/// The pod a CNI_ARGS value read by the kernel names. A value cut at the
+/// kernel's buffer keeps only its complete `key=value;` pairs: the last
+/// one may be a prefix of the real name.
+#[must_use]
+pub fn pod_of_cni_args_record(args: &CniValue) -> Option<(String, String)> {
+    if !args.truncated {
+        return pod_of_cni_args(&args.value);
+    }
+    let (complete, _cut) = args.value.rsplit_once(';')?;
+    pod_of_cni_args(complete)
+}
+
+/// A DNS subdomain (RFC 1123), which namespaces and pod names are: this
+/// also rejects the replacement characters of a non-UTF-8 value.
+fn is_kube_name(name: &str) -> bool {
+    (1..=253).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 /// Sets `obs.api_pods` from a pod view, each pod with the containers whose
@@ -345,15 +368,21 @@ impl KubeAgent {
     }
 
     /// A CNI plugin run started (kernel exec record): remember which pod
-    /// its `CNI_ARGS` name. Read from `/proc/<pid>/environ` while the plugin
-    /// runs, and only if that process still names the same container (a
-    /// reused pid names another); a run already gone is simply not learned,
-    /// which can only keep less, never release more.
-    pub fn on_cni_exec(&mut self, pid: u32, container_id: &str) {
+    /// its `CNI_ARGS` name. The record carries CNI_ARGS, read at exec, so a
+    /// plugin that exits at once is still learned. When the record has no
+    /// usable value (cut short, or an older probe), it is read from
+    /// `/proc/<pid>/environ` while the plugin runs, and only if that process
+    /// still names the same container (a reused pid names another); a run
+    /// already gone is then simply not learned, which can only keep less,
+    /// never release more.
+    pub fn on_cni_exec(&mut self, pid: u32, container_id: &str, cni_args: Option<&CniValue>) {
         if self.cni_pods.contains_key(container_id) {
             return;
         }
-        let Some(pod) = pod_from_environ(&format!("/proc/{pid}/environ"), container_id) else {
+        let Some(pod) = cni_args
+            .and_then(pod_of_cni_args_record)
+            .or_else(|| pod_from_environ(&format!("/proc/{pid}/environ"), container_id))
+        else {
             return;
         };
         if self.cni_pods.len() >= MAX_CNI_PODS {
@@ -462,6 +491,33 @@ mod tests {
         assert_eq!(pod_of_cni_args("K8S_POD_NAME=p"), None);
         assert_eq!(pod_of_cni_args("K8S_POD_NAMESPACE=;K8S_POD_NAME=p"), None);
         assert_eq!(pod_of_cni_args(""), None);
+    }
+
+    #[test]
+    fn hostile_cni_args_name_no_pod() {
+        let both = "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p";
+        assert_eq!(pod_of_cni_args("no equals sign at all"), None);
+        assert_eq!(pod_of_cni_args(";;;===;"), None);
+        assert_eq!(pod_of_cni_args(&format!("{both};K8S_POD_NAME=q")), None, "a duplicate key");
+        assert_eq!(pod_of_cni_args(&format!("{both};K8S_POD_NAMESPACE=ns")), None, "even with the same value");
+        assert_eq!(pod_of_cni_args("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p\u{fffd}x"), None, "lossy non-UTF-8");
+        assert_eq!(pod_of_cni_args("K8S_POD_NAMESPACE=Ns;K8S_POD_NAME=p"), None, "not a kube name");
+        assert_eq!(pod_of_cni_args(&format!("K8S_POD_NAMESPACE=ns;K8S_POD_NAME={}", "a".repeat(254))), None);
+        let huge = format!("{};{both}", "x=y;".repeat(100_000));
+        assert_eq!(pod_of_cni_args(&huge), Some(("ns".to_owned(), "p".to_owned())), "long but well-formed");
+    }
+
+    #[test]
+    fn a_cut_cni_args_keeps_only_its_complete_pairs() {
+        let cut = |value: &str| CniValue { value: value.into(), truncated: true };
+        let whole = |value: &str| CniValue { value: value.into(), truncated: false };
+        let args = "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-abc;K8S_POD_UID=u";
+        assert_eq!(pod_of_cni_args_record(&whole(args)), Some(("ns".to_owned(), "pod-abc".to_owned())));
+        assert_eq!(pod_of_cni_args_record(&cut(args)), Some(("ns".to_owned(), "pod-abc".to_owned())));
+        // Cut inside the name: "pod-a" would be another pod.
+        assert_eq!(pod_of_cni_args_record(&cut("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-a")), None);
+        assert_eq!(pod_of_cni_args_record(&cut("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=pod-abc")), None);
+        assert_eq!(pod_of_cni_args_record(&cut("no separator")), None);
     }
 
     #[test]

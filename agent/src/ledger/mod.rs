@@ -544,6 +544,7 @@ mod tests {
                 container_id: Some(v(container)),
                 netns: Some(v("/var/run/netns/cni-1")),
                 ifname: Some(v("eth0")),
+                cni_args: None,
                 env_scan_limited: false,
                 env_scanned: 10,
                 uid: 0,

@@ -33,6 +33,7 @@ fn exec() -> CniExec {
         container_id: Some(value("c1")),
         netns: Some(value("/run/netns/cni-1")),
         ifname: Some(value("eth0")),
+        cni_args: None,
         env_scan_limited: false,
         env_scanned: 30,
         uid: 0,
