@@ -704,10 +704,6 @@ fn events_for_a_stuck_sandbox_and_a_conflict() {
     assert_eq!(api.events_regarding("Pod", "owner").len(), 1, "reported once, not on every reconcile");
 }
 
-/// The Pending-pod rule with the pod named only by CNI_ARGS of the
-/// container's CNI run (the pool names no pod): the allocation is kept
-/// while the pod is Pending, released once the pod is gone, and the Event
-/// lands on that pod.
 /// A process stopped (SIGSTOP) until dropped (SIGCONT), even on failure.
 struct Frozen(u32);
 impl Frozen {
@@ -723,6 +719,10 @@ impl Drop for Frozen {
     }
 }
 
+/// The Pending-pod rule with the pod named only by CNI_ARGS of the
+/// container's CNI run (the pool names no pod): the allocation is kept
+/// while the pod is Pending, released once the pod is gone, and the Event
+/// lands on that pod.
 #[test]
 fn a_pending_pod_named_only_by_cni_args_keeps_its_allocation() {
     if !possible() {
