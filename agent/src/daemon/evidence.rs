@@ -2,7 +2,8 @@
 //! the CNI cache) onto the decision engine's inputs.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
+    net::IpAddr,
     path::{Path, PathBuf},
     time::SystemTime,
 };
@@ -11,11 +12,11 @@ use crate::{
     engine::{
         Observations,
         index::path_key,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName, same_netns_path},
     },
     identity::NetnsId,
     ipam::cnicache::CachedAttachment,
-    ledger::Ledger,
+    ledger::{Attachment, Ledger},
     model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
 
@@ -31,10 +32,15 @@ struct ContainerIndex {
 }
 
 impl ContainerIndex {
-    fn new(ledger: &Ledger, cache: &[CachedAttachment]) -> Self {
+    /// Over these attachments and cache entries (every one of the node's, or
+    /// only some containers': then `containers_of` answers for those alone).
+    fn new<'s>(
+        attachments: impl Iterator<Item = &'s Attachment>,
+        cache: impl Iterator<Item = &'s CachedAttachment>,
+    ) -> Self {
         let mut by_inode: HashMap<u64, Vec<(String, SystemTime)>> = HashMap::new();
         let mut pinned = Vec::new();
-        for a in ledger.attachments() {
+        for a in attachments {
             if let Some(id) = a.pinned {
                 pinned.push((id, a.container_id.clone()));
             } else if let (Some(inode), Some(bound_at)) = (a.netns_inode, a.netns_bound_at) {
@@ -208,10 +214,14 @@ impl Iterator for Ascending<'_> {
 #[must_use]
 pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
-    // What `ContainerIndex::containers_of` answers, without indexing (and
-    // copying) every binding of the ledger for one death: a walk that keeps
-    // the same attachments (pinned: by identity; otherwise: by inode, bound
-    // while this incarnation held it) and the same cache entries (by path).
+    containers_walked(ledger, cache, &life, &death.bind_mounts)
+}
+
+/// What `ContainerIndex::containers_of` answers for one incarnation, without
+/// indexing (and copying) every binding of the ledger: a walk that keeps the
+/// same attachments (pinned: by identity; otherwise: by inode, bound while
+/// this incarnation held it) and the same cache entries (by path).
+fn containers_walked(ledger: &Ledger, cache: &[CachedAttachment], life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
     let mut ids: Vec<String> = ledger
         .attachments()
         .filter(|a| match (a.pinned, a.netns_inode, a.netns_bound_at) {
@@ -221,7 +231,7 @@ pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &
         })
         .map(|a| a.container_id.clone())
         .collect();
-    let mounts: Vec<PathBuf> = death.bind_mounts.iter().map(|m| path_key(m)).collect();
+    let mounts: Vec<PathBuf> = bind_mounts.iter().map(|m| path_key(m)).collect();
     for entry in cache {
         if entry.netns.as_deref().is_some_and(|p| mounts.contains(&path_key(Path::new(p)))) {
             ids.push(entry.container_id.clone());
@@ -236,13 +246,69 @@ pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &
 #[cfg(test)]
 fn containers_of_death_indexed(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
-    ContainerIndex::new(ledger, cache).containers_of(&life, &death.bind_mounts)
+    ContainerIndex::new(ledger.attachments(), cache.iter()).containers_of(&life, &death.bind_mounts)
 }
 
 /// When netreap itself first saw each CNI cache entry (by file), so that a
 /// binding it cannot resolve is timed from its own look, never from the
 /// file's mtime (a restart or an old file must not start the clock early).
 pub type FirstSeen = HashMap<PathBuf, SystemTime>;
+
+/// Which reservations a set of observations serves.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'c> {
+    /// Every reservation of the node (a full pass).
+    All,
+    /// Only reservations whose container and IP a [`Concern`] names (the
+    /// death path).
+    Concerning(&'c Concern),
+}
+
+/// The containers and IPs of the reservations a pass judges, and the paths
+/// the runtime gives those containers' sandboxes. Observations for a concern
+/// hold every entry of the whole node's observations that a verdict on such
+/// a reservation reads, exactly as there and in the same order, and leave
+/// out the rest (`tests::observations_for_a_concern_give_its_verdicts`):
+/// - the live and dead netns that hold one of the IPs, that one of the
+///   containers is bound to, or that one of their bindings or sandbox paths
+///   may name, each with all of its containers and addresses;
+/// - the containers' bindings;
+/// - every CNI run that may concern one of them (unattributed runs and
+///   truncated IDs included).
+#[derive(Debug, Clone, Default)]
+pub struct Concern {
+    pub containers: HashSet<String>,
+    pub ips: HashSet<IpAddr>,
+    pub sandbox_paths: Vec<PathBuf>,
+}
+
+impl Concern {
+    /// Whether a run of attachment `container_id` may concern one of the
+    /// containers ([`CniOp::may_concern`]: a truncated ID is a prefix).
+    fn wants_run(&self, container_id: &str, truncated: bool) -> bool {
+        if truncated {
+            self.containers.iter().any(|c| c.starts_with(container_id))
+        } else {
+            self.containers.contains(container_id)
+        }
+    }
+}
+
+impl Scope<'_> {
+    fn wants_container(self, container_id: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Concerning(c) => c.containers.contains(container_id),
+        }
+    }
+
+    fn wants_run(self, container_id: &str, truncated: bool) -> bool {
+        match self {
+            Self::All => true,
+            Self::Concerning(c) => c.wants_run(container_id, truncated),
+        }
+    }
+}
 
 /// Everything the engine needs, from one model snapshot, the ledger and a
 /// cache scan. `watching_since` is when the probes last started recording
@@ -257,44 +323,38 @@ pub fn observations(
     watching_since: Option<SystemTime>,
     cache_first_seen: Option<&FirstSeen>,
 ) -> Observations {
+    observations_in(snapshot, ledger, cache, watching_since, cache_first_seen, Scope::All)
+}
+
+/// [`observations`] for the reservations `scope` names: with
+/// [`Scope::Concerning`], work in proportion to what the concern touches
+/// (plus one comparison per netns, attachment and cache entry), not to the
+/// node's pods.
+#[must_use]
+pub fn observations_in(
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[CachedAttachment],
+    watching_since: Option<SystemTime>,
+    cache_first_seen: Option<&FirstSeen>,
+    scope: Scope<'_>,
+) -> Observations {
     let mut obs = Observations { watching_since, ..Observations::default() };
-    let containers = ContainerIndex::new(ledger, cache);
     let incarnations = Incarnations::new(snapshot);
-    for view in &snapshot.netns {
-        let life = Life::of(view);
-        let container_ids = containers.containers_of(&life, &view.bind_mounts);
-        let addresses = view.global_addresses().map(|a| a.ip).collect();
-        let paths: Vec<PathBuf> = view.bind_mounts.clone();
-        // A netns known only by nsid (not openable from here) is as alive
-        // as any: it holds the addresses configured in it.
-        match (view.alive, view.died_at) {
-            (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
-            (false, Some(died_at)) => {
-                obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths });
-            }
-            // Dead without a time cannot anchor a release: leave it out.
-            (false, None) => {}
-        }
-    }
+    // Bindings first: a concern's netns are found through them.
     for a in ledger.attachments() {
-        let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
-        let netns: Vec<NetnsName> = match (a.pinned, a.netns_inode, &a.netns_path) {
-            (Some(id), _, _) => vec![NetnsName::Id(id)],
-            (None, Some(inode), _) => {
-                incarnations.at(inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
+        if scope.wants_container(&a.container_id) {
+            let (names, bound_at) = ledger_names(a, &incarnations);
+            for netns in names {
+                obs.bindings.push(Binding {
+                    container_id: a.container_id.clone(),
+                    netns,
+                    source: BindingSource::CniExec,
+                    seen_at: bound_at,
+                });
             }
-            (None, None, Some(path)) => vec![NetnsName::Path(PathBuf::from(path))],
-            (None, None, None) => Vec::new(),
-        };
-        for netns in netns {
-            obs.bindings.push(Binding {
-                container_id: a.container_id.clone(),
-                netns,
-                source: BindingSource::CniExec,
-                seen_at: bound_at,
-            });
         }
-        for op in &a.operations {
+        for op in a.operations.iter().filter(|op| scope.wants_run(&a.container_id, op.truncated)) {
             obs.cni_ops.push(CniOp {
                 container_id: Some(a.container_id.clone()),
                 container_id_truncated: op.truncated,
@@ -319,42 +379,8 @@ pub fn observations(
             exit_code: None,
         });
     }
-    add_cache_bindings(&mut obs, &incarnations, ledger, cache, cache_first_seen);
-    obs
-}
-
-/// A cache entry binds its container to a netns path. When a CNI run of the
-/// same container named the same path, the ledger resolved it to an inode
-/// while the plugin ran; the binding then names that netns (inode and nsid)
-/// from that moment. A path alone may no longer resolve: `ip netns del`
-/// unmounts it before the netns dies (a plugin holding it keeps it alive),
-/// and the runtime writes the cache after the plugins returned.
-fn add_cache_bindings(
-    obs: &mut Observations,
-    incarnations: &Incarnations<'_>,
-    ledger: &Ledger,
-    cache: &[CachedAttachment],
-    first_seen: Option<&FirstSeen>,
-) {
-    for entry in cache {
-        let Some(path) = entry.netns.as_deref() else { continue };
-        let resolved = ledger.get(&entry.container_id).and_then(|a| {
-            let same_path =
-                a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
-            a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
-        });
-        let refs: Vec<(NetnsName, SystemTime)> = match resolved {
-            Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsName::Id(pinned), bound_at)],
-            Some(((inode, bound_at), None, nsid)) => {
-                incarnations.at(inode, nsid, bound_at).into_iter().map(|id| (NetnsName::Id(id), bound_at)).collect()
-            }
-            None => {
-                let seen =
-                    first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
-                vec![(NetnsName::Path(PathBuf::from(path)), seen)]
-            }
-        };
-        for (netns, seen_at) in refs {
+    for entry in cache.iter().filter(|e| scope.wants_container(&e.container_id)) {
+        for (netns, seen_at) in cache_names(entry, &incarnations, ledger, cache_first_seen) {
             obs.bindings.push(Binding {
                 container_id: entry.container_id.clone(),
                 netns,
@@ -363,6 +389,142 @@ fn add_cache_bindings(
             });
         }
     }
+    let containers = match scope {
+        Scope::All => ContainerIndex::new(ledger.attachments(), cache.iter()),
+        Scope::Concerning(_) => ContainerIndex::new(
+            ledger.attachments().filter(|a| scope.wants_container(&a.container_id)),
+            cache.iter().filter(|e| scope.wants_container(&e.container_id)),
+        ),
+    };
+    for view in &snapshot.netns {
+        let life = Life::of(view);
+        let container_ids = match scope {
+            Scope::All => containers.containers_of(&life, &view.bind_mounts),
+            Scope::Concerning(concern) => {
+                let concerned = view.global_addresses().any(|a| concern.ips.contains(&a.ip))
+                    || !containers.containers_of(&life, &view.bind_mounts).is_empty()
+                    || may_be_named(view, &obs.bindings, &concern.sandbox_paths);
+                if !concerned {
+                    continue;
+                }
+                containers_walked(ledger, cache, &life, &view.bind_mounts)
+            }
+        };
+        let addresses = view.global_addresses().map(|a| a.ip).collect();
+        let paths: Vec<PathBuf> = view.bind_mounts.clone();
+        // A netns known only by nsid (not openable from here) is as alive
+        // as any: it holds the addresses configured in it.
+        match (view.alive, view.died_at) {
+            (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
+            (false, Some(died_at)) => {
+                obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths });
+            }
+            // Dead without a time cannot anchor a release: leave it out.
+            (false, None) => {}
+        }
+    }
+    obs
+}
+
+/// Whether a binding or a sandbox path may name this netns, as the engine's
+/// index matches them (an identity that may be its own, or one of its
+/// paths).
+fn may_be_named(view: &NetnsView, bindings: &[Binding], sandbox_paths: &[PathBuf]) -> bool {
+    let id = view.id();
+    let at_path = |p: &Path| view.bind_mounts.iter().any(|m| same_netns_path(m, p));
+    bindings.iter().any(|b| match &b.netns {
+        NetnsName::Id(named) => id.may_be(named),
+        NetnsName::Path(p) => at_path(p),
+    }) || sandbox_paths.iter().any(|p| at_path(p))
+}
+
+/// The netns a ledger attachment binds its container to (the
+/// incarnations that held its inode when the run named it), and since when.
+fn ledger_names(a: &Attachment, incarnations: &Incarnations<'_>) -> (Vec<NetnsName>, SystemTime) {
+    let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
+    let names = match (a.pinned, a.netns_inode, &a.netns_path) {
+        (Some(id), _, _) => vec![NetnsName::Id(id)],
+        (None, Some(inode), _) => {
+            incarnations.at(inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
+        }
+        (None, None, Some(path)) => vec![NetnsName::Path(PathBuf::from(path))],
+        (None, None, None) => Vec::new(),
+    };
+    (names, bound_at)
+}
+
+/// A cache entry binds its container to a netns path. When a CNI run of the
+/// same container named the same path, the ledger resolved it to an inode
+/// while the plugin ran; the binding then names that netns (inode and nsid)
+/// from that moment. A path alone may no longer resolve: `ip netns del`
+/// unmounts it before the netns dies (a plugin holding it keeps it alive),
+/// and the runtime writes the cache after the plugins returned.
+fn cache_names(
+    entry: &CachedAttachment,
+    incarnations: &Incarnations<'_>,
+    ledger: &Ledger,
+    first_seen: Option<&FirstSeen>,
+) -> Vec<(NetnsName, SystemTime)> {
+    let Some(path) = entry.netns.as_deref() else { return Vec::new() };
+    let resolved = ledger.get(&entry.container_id).and_then(|a| {
+        let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
+        a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
+    });
+    match resolved {
+        Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsName::Id(pinned), bound_at)],
+        Some(((inode, bound_at), None, nsid)) => {
+            incarnations.at(inode, nsid, bound_at).into_iter().map(|id| (NetnsName::Id(id), bound_at)).collect()
+        }
+        None => {
+            let seen =
+                first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
+            vec![(NetnsName::Path(PathBuf::from(path)), seen)]
+        }
+    }
+}
+
+/// The containers and IPs a set of deaths concerns, from the sources: what
+/// `daemon::targeted::concerned_keys` finds in the whole node's
+/// observations (`extra_dead` are the dead netns the caller adds to them),
+/// without building those. `is_dead` says whether a dead netns (identity,
+/// paths) is one of the deaths; `names_dead` whether a binding's netns may
+/// be one.
+#[must_use]
+pub fn death_concern(
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[CachedAttachment],
+    extra_dead: &[DeadNetns],
+    is_dead: impl Fn(&NetnsId, &[PathBuf]) -> bool,
+    names_dead: impl Fn(&NetnsName) -> bool,
+) -> (HashSet<String>, HashSet<IpAddr>) {
+    let (mut containers, mut ips) = (HashSet::new(), HashSet::new());
+    for view in snapshot.netns.iter().filter(|v| !v.alive && v.died_at.is_some()) {
+        let life = Life::of(view);
+        if is_dead(&life.id, &view.bind_mounts) {
+            containers.extend(containers_walked(ledger, cache, &life, &view.bind_mounts));
+            ips.extend(view.global_addresses().map(|a| a.ip));
+        }
+    }
+    for dead in extra_dead.iter().filter(|d| is_dead(&d.id, &d.paths)) {
+        containers.extend(dead.container_ids.iter().cloned());
+        ips.extend(dead.addresses.iter().copied());
+    }
+    let incarnations = Incarnations::new(snapshot);
+    for a in ledger.attachments() {
+        if !containers.contains(&a.container_id) && ledger_names(a, &incarnations).0.iter().any(&names_dead) {
+            containers.insert(a.container_id.clone());
+        }
+    }
+    for entry in cache {
+        // Path-only names need no first-seen time: only the name is asked.
+        if !containers.contains(&entry.container_id)
+            && cache_names(entry, &incarnations, ledger, None).iter().any(|(n, _)| names_dead(n))
+        {
+            containers.insert(entry.container_id.clone());
+        }
+    }
+    (containers, ips)
 }
 
 #[cfg(test)]
@@ -742,5 +904,265 @@ mod tests {
                 containers_of_death_indexed(&ledger, &cache, &death)
             );
         });
+    }
+
+    /// Random nodes (netns, ledger, cache, deaths) over small alphabets, so
+    /// that identities, paths, containers and IPs meet often.
+    mod concern {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::{
+            daemon::targeted::{DeathKey, concerned_in_sources, concerned_keys},
+            engine::{Policy, decide},
+            ledger::CniOperation,
+        };
+
+        const PATHS: [&str; 3] = ["/run/netns/a", "/var/run/netns/b", "/run/netns/b"];
+        const CIDS: [&str; 6] = ["c0", "c1", "c2", "c3", "c4", "c5"];
+
+        fn ip(n: u8) -> IpAddr {
+            IpAddr::from([10, 0, 0, n])
+        }
+
+        fn a_view() -> impl Strategy<Value = NetnsView> {
+            (
+                (prop::option::of(1u32..4), prop::option::of(1i32..4)),
+                0u64..30,
+                prop::option::of(0u64..30),
+                prop::option::of(1u8..4),
+                prop::collection::vec(0usize..3, 0..2),
+            )
+                .prop_map(|((inode, nsid), first, died, addr, mounts)| {
+                    let mut v = view(inode.unwrap_or(1), nsid.unwrap_or(1), first, died, None);
+                    v.inode = inode;
+                    v.nsid = nsid;
+                    if let Some(n) = addr {
+                        v.addresses.push(AddressView {
+                            ip: ip(n),
+                            prefix_len: 24,
+                            ifindex: 2,
+                            ifname: Some("eth0".into()),
+                            scope: AddrScope::from_raw(0),
+                        });
+                    }
+                    v.bind_mounts = mounts.into_iter().map(|m| PathBuf::from(PATHS[m])).collect();
+                    v
+                })
+        }
+
+        fn an_op() -> impl Strategy<Value = CniOperation> {
+            (0u64..30, prop::option::of(0u64..30), any::<bool>()).prop_map(|(started, finished, truncated)| {
+                CniOperation {
+                    command: "ADD".into(),
+                    plugin: "bridge".into(),
+                    pid: 1,
+                    started_at: t(started),
+                    started_ktime_ns: 0,
+                    finished_at: finished.map(t),
+                    exit: None,
+                    exit_unobserved: false,
+                    ifname: None,
+                    netns_path: None,
+                    truncated,
+                }
+            })
+        }
+
+        /// An attachment: netns inode, nsid, bound at, pinned, path, runs.
+        type AttachmentCase =
+            (Option<u64>, Option<i32>, Option<u64>, Option<NetnsId>, Option<usize>, Vec<CniOperation>);
+
+        fn an_attachment() -> impl Strategy<Value = AttachmentCase> {
+            (
+                prop::option::of(1u64..4),
+                prop::option::of(1i32..4),
+                prop::option::of(0u64..30),
+                prop::option::of((prop::option::of(1u64..4), prop::option::of(1i32..4), prop::option::of(0u64..30)))
+                    .prop_map(|p| p.map(|(i, n, f)| NetnsId::new(i, n, f.map(t)))),
+                prop::option::of(0usize..3),
+                prop::collection::vec(an_op(), 0..2),
+            )
+        }
+
+        /// Ledger attachments of c0, c1, ... (a truncated run names a prefix: "c").
+        fn ledger_of(attachments: &[AttachmentCase]) -> Ledger {
+            let mut ledger = Ledger::new();
+            ledger.restore(
+                attachments
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (inode, nsid, bound_at, pinned, path, ops))| crate::ledger::Attachment {
+                        container_id: if ops.iter().any(|o| o.truncated) { "c".to_owned() } else { CIDS[i].to_owned() },
+                        netns_path: path.map(|p| PATHS[p].to_owned()),
+                        netns_inode: *inode,
+                        netns_nsid: *nsid,
+                        netns_bound_at: bound_at.map(t),
+                        pinned: *pinned,
+                        ifnames: Vec::new(),
+                        operations: ops.clone(),
+                        first_seen: t(0),
+                        last_seen: t(0),
+                    })
+                    .collect(),
+            );
+            ledger
+        }
+
+        fn a_death() -> impl Strategy<Value = DeathKey> {
+            (
+                prop::option::of(1u64..4),
+                prop::option::of(1i32..4),
+                prop::collection::vec(0usize..3, 0..2),
+                prop::option::of(1u8..4),
+            )
+                .prop_map(|(inode, nsid, mounts, addr)| DeathKey {
+                    id: NetnsId::new(inode, nsid, None),
+                    paths: mounts.into_iter().map(|m| PathBuf::from(PATHS[m])).collect(),
+                    addresses: addr.map(ip).into_iter().collect(),
+                })
+        }
+
+        fn a_node() -> impl Strategy<Value = (Vec<NetnsView>, Ledger, Vec<CachedAttachment>, Vec<DeadNetns>)> {
+            (
+                prop::collection::vec(a_view(), 0..7),
+                prop::collection::vec(an_attachment(), 0..6),
+                prop::collection::vec((0usize..6, prop::option::of(0usize..3), 0u64..30), 0..4),
+                prop::collection::vec((0usize..6, prop::option::of(1u8..4), prop::option::of(1u64..4), 0u64..30), 0..2),
+            )
+                .prop_map(|(views, attachments, cache, extra)| {
+                    let cache = cache
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, (owner, path, written))| CachedAttachment {
+                            path: PathBuf::from(format!("/cache/{i}")),
+                            network: "n".into(),
+                            container_id: CIDS[owner].to_owned(),
+                            ifname: "eth0".into(),
+                            netns: path.map(|p| PATHS[p].to_owned()),
+                            ips: Vec::new(),
+                            written_at: t(written),
+                            inode: 1,
+                        })
+                        .collect();
+                    let extra = extra
+                        .into_iter()
+                        .map(|(owner, addr, inode, died)| DeadNetns {
+                            id: NetnsId::new(inode, None, None),
+                            died_at: t(died),
+                            container_ids: vec![CIDS[owner].to_owned()],
+                            addresses: addr.map(ip).into_iter().collect(),
+                            paths: Vec::new(),
+                        })
+                        .collect();
+                    (views, ledger_of(&attachments), cache, extra)
+                })
+        }
+
+        fn snapshot_of(views: Vec<NetnsView>) -> ModelSnapshot {
+            ModelSnapshot {
+                taken_at: t(40),
+                netns: views.into_iter().map(std::sync::Arc::new).collect(),
+                host_routes: Vec::new(),
+                stats: ModelStats::default(),
+            }
+        }
+
+        fn with_extra(mut obs: Observations, extra: &[DeadNetns]) -> Observations {
+            obs.dead.extend(extra.iter().cloned());
+            obs
+        }
+
+        /// A live netns a container is bound to by inode alone (the run's
+        /// nsid is another's): the model's binding keeps its reservation.
+        #[test]
+        fn a_netns_bound_by_inode_alone_is_in_the_concern() {
+            let views = vec![view(1, 2, 0, None, None)];
+            let ledger = ledger_of(&[(Some(1), Some(3), Some(10), None, None, Vec::new())]);
+            let snapshot = snapshot_of(views);
+            let concern = Concern {
+                containers: ["c0".to_owned()].into_iter().collect(),
+                ips: [ip(1)].into_iter().collect(),
+                sandbox_paths: Vec::new(),
+            };
+            let full = observations(&snapshot, &ledger, &[], Some(t(0)), None);
+            let part = observations_in(&snapshot, &ledger, &[], Some(t(0)), None, Scope::Concerning(&concern));
+            assert_eq!(full.live[0].container_ids, vec!["c0".to_owned()]);
+            assert_eq!(part.live, full.live);
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(3000))]
+
+            /// The death path's concern, found in the sources, is what the
+            /// whole node's observations give.
+            #[test]
+            fn a_deaths_concern_from_the_sources_is_the_one_the_observations_give(
+                (views, ledger, cache, extra) in a_node(),
+                deaths in prop::collection::vec(a_death(), 1..3),
+            ) {
+                let snapshot = snapshot_of(views);
+                let full = with_extra(observations(&snapshot, &ledger, &cache, Some(t(0)), None), &extra);
+                let expected = concerned_keys(&full, &deaths);
+                prop_assert_eq!(concerned_in_sources(&snapshot, &ledger, &cache, &extra, &deaths), expected);
+            }
+
+            /// Observations for a concern give its reservations the verdicts
+            /// (status and evidence) the whole node's observations give.
+            #[test]
+            fn observations_for_a_concern_give_its_verdicts(
+                (views, ledger, cache, extra) in a_node(),
+                containers in prop::collection::hash_set(0usize..6, 0..4),
+                ips in prop::collection::hash_set(1u8..5, 0..3),
+                reserved in prop::collection::vec((0usize..6, 1u8..5, 0u64..30), 0..6),
+                watching in prop::option::of(0u64..30),
+                now in 0u64..60,
+            ) {
+                let snapshot = snapshot_of(views);
+                let first_seen: FirstSeen = cache.iter().map(|e| (e.path.clone(), t(5))).collect();
+                let concern = Concern {
+                    containers: containers.iter().map(|&c| CIDS[c].to_owned()).collect(),
+                    ips: ips.iter().map(|&n| ip(n)).collect(),
+                    sandbox_paths: Vec::new(),
+                };
+                let watching = watching.map(t);
+                let full = with_extra(observations(&snapshot, &ledger, &cache, watching, Some(&first_seen)), &extra);
+                let part = with_extra(
+                    observations_in(&snapshot, &ledger, &cache, watching, Some(&first_seen), Scope::Concerning(&concern)),
+                    &extra,
+                );
+                let judged: Vec<Reservation> = reserved
+                    .iter()
+                    .filter(|(c, n, _)| concern.containers.contains(CIDS[*c]) && concern.ips.contains(&ip(*n)))
+                    .map(|&(c, n, at)| {
+                        Reservation::from(ReservationData {
+                            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
+                            network: "n".into(),
+                            ip: ip(n),
+                            container_id: CIDS[c].into(),
+                            ifname: Some("eth0".into()),
+                            created_at: t(at),
+                            path: format!("/d/n/{}", ip(n)).into(),
+                            inode: 1,
+                        })
+                    })
+                    .collect();
+                let policy = Policy::default();
+                let expected = decide(&full, &judged, t(now), &policy);
+                prop_assert_eq!(decide(&part, &judged, t(now), &policy), expected);
+                prop_assert!(part.live.len() <= full.live.len() && part.dead.len() <= full.dead.len());
+                // Whatever ties a netns to the concern brings it in whole.
+                let tied = |containers: &[String], addresses: &[IpAddr]| {
+                    containers.iter().any(|c| concern.containers.contains(c))
+                        || addresses.iter().any(|a| concern.ips.contains(a))
+                };
+                for n in full.live.iter().filter(|n| tied(&n.container_ids, &n.addresses)) {
+                    prop_assert!(part.live.contains(n), "{n:?} left out");
+                }
+                for n in full.dead.iter().filter(|n| tied(&n.container_ids, &n.addresses)) {
+                    prop_assert!(part.dead.contains(n), "{n:?} left out");
+                }
+            }
+        }
     }
 }

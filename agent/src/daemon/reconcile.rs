@@ -10,14 +10,15 @@ use std::{
 };
 
 use super::{
-    Agent, evidence,
+    Agent,
+    evidence::{self, Concern, Scope},
     runtime::{self, SourceChange, StuckChanges},
     targeted::{self, DeathKey},
     triggers::{self, Reason},
 };
 use crate::{
     engine::{Observations, PodRef, Status, Verdict, decide, decide_one},
-    ipam::{Anomaly, ReservationStore, scan_all},
+    ipam::{Anomaly, ReservationStore, cnicache::CachedAttachment, scan_all},
     model::snapshot::{ModelSnapshot, NetnsDeath},
     release::{ReleaseError, ReleaseRecord, Releaser, lastlook::KernelLook},
     telemetry::event::ReleaseReason,
@@ -45,6 +46,14 @@ pub(super) struct Reconciled {
     pub observed: Observed,
     /// When a pending verdict wants another look.
     pub requeue: Option<SystemTime>,
+}
+
+/// The sources of one pass's observations, read together.
+pub(super) struct Sources {
+    snapshot: Arc<ModelSnapshot>,
+    cache: Vec<CachedAttachment>,
+    runtime: Option<crate::engine::RuntimeView>,
+    source_changed: Option<SourceChange>,
 }
 
 /// What observing found besides the observations themselves.
@@ -97,19 +106,31 @@ impl Agent {
     }
 
     /// The death path (module `targeted`): judges only the reservations
-    /// these deaths concern, on fresh observations, hands their orphans to
-    /// the releaser, and asks for a full reconcile soon after. When the last
-    /// full pass may have missed a reservation of a concerned container (a
-    /// CNI run of it since), it is a full reconcile at once.
+    /// these deaths concern, on observations of what those reservations
+    /// touch (built from fresh sources, as a full reconcile would, but only
+    /// the part their verdicts read), hands their orphans to the releaser,
+    /// and asks for a full reconcile soon after. When the last full pass may
+    /// have missed a reservation of a concerned container (a CNI run of it
+    /// since), it is a full reconcile at once.
     pub(super) async fn reconcile_deaths(&mut self, deaths: &[NetnsDeath]) -> anyhow::Result<()> {
         let started = Instant::now();
-        let (obs, observed) = self.observe().await?;
+        let sources = self.gather().await?;
         let keys: Vec<DeathKey> = deaths.iter().map(DeathKey::from).collect();
-        let (containers, ips) = targeted::concerned_keys(&obs, &keys);
+        let (containers, ips) = targeted::concerned_in_sources(
+            &sources.snapshot,
+            &self.ledger,
+            &sources.cache,
+            &self.memory.dead_while_down,
+            &keys,
+        );
         let candidates = targeted::candidates(&self.known, &containers, &ips);
-        let owners: Vec<&str> =
-            containers.iter().map(String::as_str).chain(candidates.iter().map(|r| r.container_id.as_str())).collect();
+        let mut concern = Concern { containers, ips, sandbox_paths: Vec::new() };
+        concern.containers.extend(candidates.iter().map(|r| r.container_id.to_string()));
+        concern.ips.extend(candidates.iter().map(|r| r.ip));
+        let obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
+        let owners: Vec<&str> = concern.containers.iter().map(String::as_str).collect();
         if targeted::may_have_missed(&obs, &self.known, &owners) {
+            let (obs, observed) = self.observe_all(sources);
             return self.reconcile_observed(Reason::NetnsDied, started, obs, observed).await;
         }
         let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
@@ -117,13 +138,31 @@ impl Agent {
         } else {
             tokio::task::spawn_blocking(move || targeted::reread(&candidates)).await?
         };
+        // A file rewritten since the full pass may name another owner: its
+        // verdict needs that owner's evidence too.
+        let widened = reservations
+            .iter()
+            .filter(|r| !concern.containers.contains(r.container_id.as_str()) || !concern.ips.contains(&r.ip))
+            .map(|r| (r.container_id.to_string(), r.ip))
+            .collect::<Vec<_>>();
+        let obs = if widened.is_empty() {
+            obs
+        } else {
+            for (container, ip) in widened {
+                concern.containers.insert(container);
+                concern.ips.insert(ip);
+            }
+            self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern))
+        };
         let now = SystemTime::now();
         let verdicts = decide(&obs, &reservations, now, &self.policy);
         let changed = self.changes_among(&verdicts, &obs);
-        self.start_release(&verdicts, &obs, &observed.snapshot, Judged::These);
+        self.start_release(&verdicts, &obs, &sources.snapshot, Judged::These);
         self.triggers.targeted(verdicts.iter().any(triggers::waits_on_runs));
         self.publish_targeted(started, &verdicts, &changed)?;
-        self.publish_observed(observed)
+        let runtime = obs.runtime.clone();
+        let Sources { snapshot, source_changed, .. } = sources;
+        self.publish_observed(Observed { snapshot, runtime, source_changed, stuck: None })
     }
 
     async fn reconcile_quietly(
@@ -177,11 +216,27 @@ impl Agent {
             .clamp(std::time::Duration::from_secs(1), self.config.resync_interval)
     }
 
-    /// Fresh observations: the model, the CNI cache, the ledger, the
-    /// runtime and the Kubernetes API.
+    /// Fresh observations of the whole node: the model, the CNI cache, the
+    /// ledger, the runtime and the Kubernetes API.
     pub(super) async fn observe(&mut self) -> anyhow::Result<(Observations, Observed)> {
-        // A directory scan: on the blocking pool, not the event thread, while
-        // the model's worker takes the snapshot.
+        let sources = self.gather().await?;
+        Ok(self.observe_all(sources))
+    }
+
+    /// The whole node's observations from these sources.
+    fn observe_all(&mut self, mut sources: Sources) -> (Observations, Observed) {
+        let runtime = sources.runtime.take();
+        let obs = self.observations(&sources, runtime, Scope::All);
+        let stuck = self.runtime.stuck_changes(&obs);
+        let runtime = obs.runtime.clone();
+        let Sources { snapshot, source_changed, .. } = sources;
+        (obs, Observed { snapshot, runtime, source_changed, stuck })
+    }
+
+    /// Reads the sources a pass decides on: the model's snapshot, the CNI
+    /// cache (a directory scan, on the blocking pool while the model's worker
+    /// takes the snapshot) and the runtime's view.
+    async fn gather(&mut self) -> anyhow::Result<Sources> {
         let reader = Arc::clone(&self.cache);
         let cache = tokio::task::spawn_blocking(move || {
             reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).scan()
@@ -194,23 +249,49 @@ impl Agent {
         for a in &cache.attachments {
             self.cache_first_seen.entry(a.path.clone()).or_insert(now);
         }
-        let mut obs = evidence::observations(
-            &snapshot,
+        let (runtime, source_changed) = self.runtime.view().await;
+        Ok(Sources { snapshot, cache: cache.attachments, runtime, source_changed })
+    }
+
+    /// The observations `scope` needs, from these sources (the runtime's
+    /// view given apart: a full pass moves it in) and the ledger.
+    fn observations(
+        &mut self,
+        sources: &Sources,
+        runtime: Option<crate::engine::RuntimeView>,
+        scope: Scope<'_>,
+    ) -> Observations {
+        // The runtime's sandbox paths of a concern's containers: the engine
+        // asks which live netns is at each.
+        let widened;
+        let scope = match (scope, &runtime) {
+            (Scope::Concerning(concern), Some(view)) => {
+                let mut c = concern.clone();
+                c.sandbox_paths = concern
+                    .containers
+                    .iter()
+                    .filter_map(|id| view.sandboxes.get(id).and_then(|s| s.netns.clone()))
+                    .collect();
+                widened = c;
+                Scope::Concerning(&widened)
+            }
+            (scope, _) => scope,
+        };
+        let mut obs = evidence::observations_in(
+            &sources.snapshot,
             &self.ledger,
-            &cache.attachments,
+            &sources.cache,
             Some(self.watching_since),
             Some(&self.cache_first_seen),
+            scope,
         );
-        let (view, source_changed) = self.runtime.view().await;
-        obs.set_runtime(view);
-        let stuck = self.runtime.stuck_changes(&obs);
+        obs.set_runtime(runtime);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         if let Some(k) = self.kube.as_mut() {
-            k.observe(&mut obs, &self.ledger, &cache.attachments);
+            k.observe(&mut obs, &self.ledger, &sources.cache);
         }
-        let runtime = obs.runtime.clone();
-        Ok((obs, Observed { snapshot, runtime, source_changed, stuck }))
+        obs
     }
 
     /// Entries that are not reservations and were not reported yet.

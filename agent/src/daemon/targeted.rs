@@ -20,14 +20,17 @@ use std::{
     time::SystemTime,
 };
 
+use super::evidence;
 use crate::{
-    engine::{NetnsId, NetnsName, Observations, observations::same_netns_path},
+    engine::{DeadNetns, NetnsId, NetnsName, Observations, observations::same_netns_path},
     ipam::{
         Reservation, SharedStr,
+        cnicache::CachedAttachment,
         hostlocal::{ReadOwner, read_owner},
         safefs::Dir,
     },
-    model::snapshot::NetnsDeath,
+    ledger::Ledger,
+    model::snapshot::{ModelSnapshot, NetnsDeath},
 };
 
 /// Above this many candidate files, they are read on the blocking pool.
@@ -83,21 +86,23 @@ impl From<&NetnsDeath> for DeathKey {
 impl DeathKey {
     /// Whether a binding's netns may be this one (generous: a false match
     /// only adds a candidate).
-    fn may_name(&self, netns: &NetnsName) -> bool {
+    pub(super) fn may_name(&self, netns: &NetnsName) -> bool {
         match netns {
             NetnsName::Id(id) => id.may_be(&self.id),
             NetnsName::Path(p) => self.paths.iter().any(|m| same_netns_path(p, m)),
         }
     }
 
-    fn is(&self, id: &NetnsId, paths: &[PathBuf]) -> bool {
+    pub(super) fn is(&self, id: &NetnsId, paths: &[PathBuf]) -> bool {
         *id == self.id || id.may_be(&self.id) || paths.iter().any(|p| self.paths.iter().any(|m| same_netns_path(p, m)))
     }
 }
 
 /// The containers and IPs a death can change a verdict of: containers bound
 /// to the dead netns (the model's containers of it, and every binding that
-/// may name it) and the addresses it held.
+/// may name it) and the addresses it held. The reference
+/// [`concerned_in_sources`] must equal.
+#[cfg(test)]
 #[must_use]
 pub fn concerned_keys(obs: &Observations, deaths: &[DeathKey]) -> (HashSet<String>, HashSet<IpAddr>) {
     let mut containers = HashSet::new();
@@ -109,6 +114,29 @@ pub fn concerned_keys(obs: &Observations, deaths: &[DeathKey]) -> (HashSet<Strin
     for b in obs.bindings.iter().filter(|b| deaths.iter().any(|d| d.may_name(&b.netns))) {
         containers.insert(b.container_id.clone());
     }
+    (containers, ips)
+}
+
+/// What [`concerned_keys`] finds in the whole node's observations, found in
+/// their sources (`extra_dead`: the dead netns the agent adds to them)
+/// without building those.
+#[must_use]
+pub fn concerned_in_sources(
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[CachedAttachment],
+    extra_dead: &[DeadNetns],
+    deaths: &[DeathKey],
+) -> (HashSet<String>, HashSet<IpAddr>) {
+    let (containers, mut ips) = evidence::death_concern(
+        snapshot,
+        ledger,
+        cache,
+        extra_dead,
+        |id, paths| deaths.iter().any(|d| d.is(id, paths)),
+        |name| deaths.iter().any(|d| d.may_name(name)),
+    );
+    ips.extend(deaths.iter().flat_map(|d| d.addresses.iter().copied()));
     (containers, ips)
 }
 
