@@ -297,22 +297,39 @@ struct Remembered {
     read: Result<Option<CachedAttachment>, (AnomalyKind, String)>,
 }
 
-/// [`CniCache::scan`] for an agent that scans at every reconcile: it lists
-/// the directory and reads again only the entries whose file changed since
-/// the last scan (name, inode, size, mtime and ctime differ, or it had just
-/// changed when it was read). The result is the same as a fresh scan's.
+/// [`CniCache::scan`] for an agent that scans at every reconcile. While an
+/// inotify watch on the directory reports nothing since the last scan began
+/// (and every entry had settled when it was read), the last result stands:
+/// no listing, no stat. Otherwise it lists the directory and reads again
+/// only the entries whose file changed since the last scan (name, inode,
+/// size, mtime and ctime differ, or it had just changed when it was read).
+/// The result is the same as a fresh scan's.
 #[derive(Debug)]
 pub struct CacheReader {
     cache: CniCache,
     entries: std::collections::HashMap<String, Remembered>,
     /// Files read by the last scan (the rest were remembered).
     last_reads: usize,
+    /// Changes to the directory since the last scan began; None while it
+    /// cannot be watched (missing, not a directory, no inotify).
+    watch: Option<ChangeWatch>,
+    /// The last scan's result, while it may stand for the next one.
+    last: Option<CacheScan>,
+    /// Whether the last scan was the one before it, unchanged.
+    last_reused: bool,
 }
 
 impl CacheReader {
     #[must_use]
     pub fn new(cache: CniCache) -> Self {
-        Self { cache, entries: std::collections::HashMap::new(), last_reads: 0 }
+        Self {
+            cache,
+            entries: std::collections::HashMap::new(),
+            last_reads: 0,
+            watch: None,
+            last: None,
+            last_reused: false,
+        }
     }
 
     #[must_use]
@@ -326,8 +343,37 @@ impl CacheReader {
         self.last_reads
     }
 
+    /// Whether the last scan gave the result before it, the directory
+    /// unchanged (not listed, nothing stat'ed).
+    #[must_use]
+    pub fn last_reused(&self) -> bool {
+        self.last_reused
+    }
+
     /// Lists every valid entry; anything else is an anomaly.
     pub fn scan(&mut self) -> CacheScan {
+        // Drained before the listing: a change after this point is either
+        // seen by this scan or queued for the next drain.
+        let quiet = self.watch.as_ref().is_some_and(|w| !w.changed());
+        if quiet && let Some(last) = &self.last {
+            self.last_reads = 0;
+            self.last_reused = true;
+            return last.clone();
+        }
+        self.last_reused = false;
+        if self.watch.as_ref().is_none_or(ChangeWatch::lost) {
+            self.watch = ChangeWatch::new(&self.cache.dir).ok();
+        }
+        let out = self.list_and_read();
+        // Stands for the next scan only if nothing was read too soon after
+        // it changed, and the directory was watched from before the listing.
+        let settled = self.entries.values().all(|r| r.settled);
+        self.last = (settled && self.watch.is_some()).then(|| out.clone());
+        out
+    }
+
+    /// Lists the directory and reads the entries that changed.
+    fn list_and_read(&mut self) -> CacheScan {
         let dir_path = self.cache.dir.clone();
         let store = self.cache.store_ref();
         let mut out = CacheScan::default();
@@ -382,6 +428,105 @@ impl CacheReader {
         out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
         out
     }
+}
+
+/// An inotify watch on one directory: whether anything in it may have
+/// changed since the last look. The kernel queues every change to an entry
+/// (create, write, attributes, delete, rename) and to the directory itself
+/// before the syscall that made it returns.
+#[derive(Debug)]
+struct ChangeWatch {
+    fd: std::os::fd::OwnedFd,
+    /// The watch is gone (directory removed or moved, queue overflow, a
+    /// read failed): every look says "changed" until it is made again.
+    lost: std::cell::Cell<bool>,
+}
+
+impl ChangeWatch {
+    fn new(dir: &Path) -> io::Result<Self> {
+        use std::os::{
+            fd::{AsRawFd as _, FromRawFd as _},
+            unix::ffi::OsStrExt as _,
+        };
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path holds a NUL byte"))?;
+        // SAFETY: no pointer arguments; the result is checked.
+        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a new fd that nothing else owns.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let mask = libc::IN_CREATE
+            | libc::IN_DELETE
+            | libc::IN_MODIFY
+            | libc::IN_ATTRIB
+            | libc::IN_CLOSE_WRITE
+            | libc::IN_MOVED_FROM
+            | libc::IN_MOVED_TO
+            | libc::IN_DELETE_SELF
+            | libc::IN_MOVE_SELF
+            | libc::IN_ONLYDIR
+            | libc::IN_DONT_FOLLOW;
+        // SAFETY: `path` is a valid C string for the call; the result is checked.
+        let wd = unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), mask) };
+        if wd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd, lost: std::cell::Cell::new(false) })
+    }
+
+    /// Whether the watch is gone (it must be made again).
+    fn lost(&self) -> bool {
+        self.lost.get()
+    }
+
+    /// Drains the queue: true when anything happened since the last call,
+    /// or when that cannot be known (overflow, the watch gone, a read
+    /// error).
+    fn changed(&self) -> bool {
+        use std::os::fd::AsRawFd as _;
+        if self.lost.get() {
+            return true;
+        }
+        let mut buf = [0u8; 4096];
+        let mut any = false;
+        loop {
+            // SAFETY: `buf` is valid for writes of its length.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            let Ok(len) = usize::try_from(n) else {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => return any,
+                    io::ErrorKind::Interrupted => continue,
+                    _ => {
+                        self.lost.set(true);
+                        return true;
+                    }
+                }
+            };
+            any = true;
+            let gone = libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_Q_OVERFLOW;
+            if len == 0 || events_mask(buf.get(..len).unwrap_or_default()) & gone != 0 {
+                self.lost.set(true);
+                return true;
+            }
+        }
+    }
+}
+
+/// The union of the masks of the inotify events in `buf` (one read's).
+fn events_mask(buf: &[u8]) -> u32 {
+    // struct inotify_event: wd (i32), mask (u32), cookie (u32), len (u32),
+    // then `len` bytes of name.
+    const HEADER: usize = 16;
+    let field = |at: usize| buf.get(at..at + 4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_ne_bytes);
+    let (mut mask, mut at) = (0, 0);
+    while at + HEADER <= buf.len() {
+        mask |= field(at + 4);
+        at += HEADER + field(at + 12) as usize;
+    }
+    mask
 }
 
 fn push_read(
@@ -475,5 +620,92 @@ mod tests {
         assert_eq!(third.attachments.len(), 2);
         assert_eq!(third.attachments[0].netns.as_deref(), Some("/var/run/netns/cni-9"));
         assert!(third.anomalies.is_empty());
+    }
+
+    /// Settles what the reader read, so that its result may stand.
+    fn settled_scan(reader: &mut CacheReader) -> CacheScan {
+        std::thread::sleep(SETTLE + std::time::Duration::from_millis(20));
+        reader.scan()
+    }
+
+    #[test]
+    fn an_unchanged_watched_directory_is_not_listed_again_and_every_change_is_seen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("results");
+        fs::create_dir(&dir).unwrap();
+        let entry = dir.join("net1-c1-eth0");
+        fs::write(&entry, ENTRY).unwrap();
+        let mut reader = CacheReader::new(CniCache::new(&dir));
+        reader.scan();
+        let first = settled_scan(&mut reader);
+        assert!(!reader.last_reused());
+        assert_eq!(reader.scan(), first);
+        assert!(reader.last_reused(), "unchanged: the last result stands");
+        assert_eq!(reader.last_reads(), 0);
+
+        // Each change, made just before the scan, is in the result.
+        let changes: Vec<(&str, Box<dyn Fn()>)> = vec![
+            // Same size, same second: only the watch can tell.
+            ("rewritten in place", Box::new(|| fs::write(&entry, ENTRY.replace("cni-1", "cni-2")).unwrap())),
+            ("added", Box::new(|| fs::write(dir.join("net1-c2-eth0"), ENTRY.replace("c1", "c2")).unwrap())),
+            (
+                "renamed over",
+                Box::new(|| {
+                    fs::write(tmp.path().join("staged"), ENTRY.replace("cni-1", "cni-3")).unwrap();
+                    fs::rename(tmp.path().join("staged"), &entry).unwrap();
+                }),
+            ),
+            ("removed", Box::new(|| fs::remove_file(dir.join("net1-c2-eth0")).unwrap())),
+            (
+                "directory replaced",
+                Box::new(|| {
+                    fs::remove_dir_all(&dir).unwrap();
+                    fs::create_dir(&dir).unwrap();
+                    fs::write(&entry, ENTRY.replace("cni-1", "cni-4")).unwrap();
+                }),
+            ),
+        ];
+        for (what, change) in changes {
+            settled_scan(&mut reader);
+            reader.scan();
+            assert!(reader.last_reused(), "{what}: quiet before the change");
+            change();
+            let seen = reader.scan();
+            assert!(!reader.last_reused(), "{what}: the change is seen");
+            assert_eq!(seen, CniCache::new(&dir).scan(), "{what}");
+        }
+        assert_eq!(reader.scan().attachments[0].netns.as_deref(), Some("/var/run/netns/cni-4"));
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_watched_is_listed_at_every_scan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("results");
+        let mut reader = CacheReader::new(CniCache::new(&missing));
+        assert_eq!(reader.scan().anomalies[0].kind, AnomalyKind::MissingDir);
+        assert!(!reader.last_reused());
+        // Made later: watched from the next scan on.
+        fs::create_dir(&missing).unwrap();
+        fs::write(missing.join("net1-c1-eth0"), ENTRY).unwrap();
+        assert_eq!(reader.scan().attachments.len(), 1);
+        assert!(!reader.last_reused());
+        settled_scan(&mut reader);
+        reader.scan();
+        assert!(reader.last_reused());
+    }
+
+    #[test]
+    fn inotify_event_masks_are_read_across_names() {
+        let mut buf = Vec::new();
+        for (mask, name) in [(libc::IN_MODIFY, &b"abcd"[..]), (libc::IN_IGNORED, &b""[..])] {
+            buf.extend_from_slice(&1i32.to_ne_bytes());
+            buf.extend_from_slice(&mask.to_ne_bytes());
+            buf.extend_from_slice(&0u32.to_ne_bytes());
+            buf.extend_from_slice(&u32::try_from(name.len()).unwrap().to_ne_bytes());
+            buf.extend_from_slice(name);
+        }
+        assert_eq!(events_mask(&buf), libc::IN_MODIFY | libc::IN_IGNORED);
+        // A cut record adds nothing and reads nothing past the end.
+        assert_eq!(events_mask(&buf[..20]), libc::IN_MODIFY);
     }
 }
