@@ -237,12 +237,18 @@ impl Agent {
     /// cache (a directory scan, on the blocking pool while the model's worker
     /// takes the snapshot) and the runtime's view.
     async fn gather(&mut self) -> anyhow::Result<Sources> {
-        let reader = Arc::clone(&self.cache);
-        let cache = tokio::task::spawn_blocking(move || {
-            reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).scan()
+        // The watch names what changed: read at once. A listing goes to the
+        // blocking pool while the model's worker takes the snapshot.
+        let followed = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).follow();
+        let listing = followed.is_none().then(|| {
+            let reader = Arc::clone(&self.cache);
+            tokio::task::spawn_blocking(move || reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).scan())
         });
         let snapshot = Arc::new(self.model.snapshot().await?);
-        let cache = cache.await?;
+        let cache = match listing {
+            Some(listing) => listing.await?,
+            None => followed.unwrap_or_default(),
+        };
         let now = SystemTime::now();
         let present: HashSet<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
         self.cache_first_seen.retain(|path, _| present.contains(path));

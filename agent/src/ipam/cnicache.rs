@@ -297,13 +297,15 @@ struct Remembered {
     read: Result<Option<CachedAttachment>, (AnomalyKind, String)>,
 }
 
-/// [`CniCache::scan`] for an agent that scans at every reconcile. While an
-/// inotify watch on the directory reports nothing since the last scan began
-/// (and every entry had settled when it was read), the last result stands:
-/// no listing, no stat. Otherwise it lists the directory and reads again
-/// only the entries whose file changed since the last scan (name, inode,
-/// size, mtime and ctime differ, or it had just changed when it was read).
-/// The result is the same as a fresh scan's.
+/// [`CniCache::scan`] for an agent that scans at every reconcile. An inotify
+/// watch on the directory names the entries that changed since the last
+/// scan began; only those are read again (no listing, no stat of the
+/// others). When the watch cannot name them (no watch yet, queue overflow,
+/// the directory removed or moved, many changes at once) or the last full
+/// listing is older than [`RELIST_AFTER`], it lists the directory and reads
+/// again only the entries whose file changed (name, inode, size, mtime and
+/// ctime differ, or it had just changed when it was read). The result is
+/// the same as a fresh scan's.
 #[derive(Debug)]
 pub struct CacheReader {
     cache: CniCache,
@@ -313,11 +315,22 @@ pub struct CacheReader {
     /// Changes to the directory since the last scan began; None while it
     /// cannot be watched (missing, not a directory, no inotify).
     watch: Option<ChangeWatch>,
-    /// The last scan's result, while it may stand for the next one.
-    last: Option<CacheScan>,
-    /// Whether the last scan was the one before it, unchanged.
-    last_reused: bool,
+    /// When the last full listing began, if it saw nothing that only a
+    /// listing reports (an unreadable directory, a name that is not UTF-8,
+    /// an entry that could not be stat'ed): the watch may then carry it on.
+    listed: Option<std::time::Instant>,
+    /// Whether the last scan followed the watch instead of listing.
+    last_followed: bool,
 }
+
+/// A listing at least this often, whatever the watch says: a writer that
+/// changes a file without a syscall inotify sees (a shared mapping) is
+/// caught within this long.
+pub const RELIST_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// More changed entries than this since the last scan: a listing (on the
+/// blocking pool) instead of reading them one by one.
+const FOLLOW_LIMIT: usize = 64;
 
 impl CacheReader {
     #[must_use]
@@ -327,8 +340,8 @@ impl CacheReader {
             entries: std::collections::HashMap::new(),
             last_reads: 0,
             watch: None,
-            last: None,
-            last_reused: false,
+            listed: None,
+            last_followed: false,
         }
     }
 
@@ -343,37 +356,90 @@ impl CacheReader {
         self.last_reads
     }
 
-    /// Whether the last scan gave the result before it, the directory
-    /// unchanged (not listed, nothing stat'ed).
+    /// Whether the last scan followed the watch (no listing).
     #[must_use]
-    pub fn last_reused(&self) -> bool {
-        self.last_reused
+    pub fn last_followed(&self) -> bool {
+        self.last_followed
+    }
+
+    /// The scan, when the watch names every entry that changed since the
+    /// last one: one read of its queue and one read per changed entry
+    /// (cheap enough for the event loop). None: [`CacheReader::scan`] lists.
+    pub fn follow(&mut self) -> Option<CacheScan> {
+        // Drained before any listing: a change after this point is either
+        // seen by the scan that follows or queued for the next drain.
+        let changes = self.watch.as_ref().map_or(Changes::Unknown, ChangeWatch::changes);
+        let names = match changes {
+            Changes::Names(names) if names.len() <= FOLLOW_LIMIT => names,
+            // Unknown, or too many: the next scan lists.
+            _ => {
+                self.listed = None;
+                return None;
+            }
+        };
+        if self.listed.is_none_or(|at| at.elapsed() >= RELIST_AFTER) {
+            return None;
+        }
+        let dir_path = self.cache.dir.clone();
+        self.last_reads = 0;
+        if !names.is_empty() {
+            let Ok(dir) = Dir::open(&dir_path) else {
+                self.listed = None;
+                return None;
+            };
+            for name in names {
+                match fs::symlink_metadata(dir_path.join(&name)) {
+                    Ok(meta) => {
+                        let (now, stamp) = (SystemTime::now(), Stamp::of(&meta));
+                        self.last_reads += 1;
+                        let read = read_entry(&dir, &dir_path, &name);
+                        self.entries.insert(name, Remembered { stamp, settled: stamp.settled_before(now), read });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        self.entries.remove(&name);
+                    }
+                    Err(_) => {
+                        // Unstamped: a listing reports it.
+                        self.listed = None;
+                        return None;
+                    }
+                }
+            }
+        }
+        self.last_followed = true;
+        Some(self.remembered())
     }
 
     /// Lists every valid entry; anything else is an anomaly.
     pub fn scan(&mut self) -> CacheScan {
-        // Drained before the listing: a change after this point is either
-        // seen by this scan or queued for the next drain.
-        let quiet = self.watch.as_ref().is_some_and(|w| !w.changed());
-        if quiet && let Some(last) = &self.last {
-            self.last_reads = 0;
-            self.last_reused = true;
-            return last.clone();
+        if let Some(followed) = self.follow() {
+            return followed;
         }
-        self.last_reused = false;
+        self.last_followed = false;
         if self.watch.as_ref().is_none_or(ChangeWatch::lost) {
             self.watch = ChangeWatch::new(&self.cache.dir).ok();
         }
-        let out = self.list_and_read();
-        // Stands for the next scan only if nothing was read too soon after
-        // it changed, and the directory was watched from before the listing.
-        let settled = self.entries.values().all(|r| r.settled);
-        self.last = (settled && self.watch.is_some()).then(|| out.clone());
+        let started = std::time::Instant::now();
+        let (out, clean) = self.list_and_read();
+        self.listed = (clean && self.watch.is_some()).then_some(started);
         out
     }
 
-    /// Lists the directory and reads the entries that changed.
-    fn list_and_read(&mut self) -> CacheScan {
+    /// The remembered entries as a scan's result.
+    fn remembered(&self) -> CacheScan {
+        let store = self.cache.store_ref();
+        let mut out = CacheScan::default();
+        for (name, r) in &self.entries {
+            push_read(&mut out, &store, &self.cache.dir.join(name), r.read.clone());
+        }
+        out.attachments.sort_by(|a, b| a.path.cmp(&b.path));
+        out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
+        out
+    }
+
+    /// Lists the directory and reads the entries that changed; says
+    /// whether every entry is remembered (nothing only a listing reports).
+    fn list_and_read(&mut self) -> (CacheScan, bool) {
         let dir_path = self.cache.dir.clone();
         let store = self.cache.store_ref();
         let mut out = CacheScan::default();
@@ -386,21 +452,24 @@ impl CacheReader {
                     if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
                 out.anomalies.push(Anomaly::new(&store, None, &dir_path, kind, e.to_string()));
                 self.entries.clear();
-                return out;
+                return (out, false);
             }
         };
+        let mut clean = true;
         let mut kept = std::collections::HashMap::with_capacity(self.entries.len());
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(e) => {
                     out.anomalies.push(Anomaly::new(&store, None, &dir_path, AnomalyKind::Unreadable, e.to_string()));
+                    clean = false;
                     continue;
                 }
             };
             let path = entry.path();
             let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::UnparsableName, "name is not UTF-8"));
+                clean = false;
                 continue;
             };
             // lstat relative to the listed directory: never follows a link.
@@ -415,6 +484,7 @@ impl CacheReader {
                     // Unstamped: reported, never remembered.
                     let Some(stamp) = stamp else {
                         push_read(&mut out, &store, &path, read);
+                        clean = false;
                         continue;
                     };
                     Remembered { stamp, settled: stamp.settled_before(now), read }
@@ -426,19 +496,29 @@ impl CacheReader {
         self.entries = kept;
         out.attachments.sort_by(|a, b| a.path.cmp(&b.path));
         out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
-        out
+        (out, clean)
     }
 }
 
-/// An inotify watch on one directory: whether anything in it may have
-/// changed since the last look. The kernel queues every change to an entry
-/// (create, write, attributes, delete, rename) and to the directory itself
+/// What a watch saw since the last look.
+#[derive(Debug, PartialEq, Eq)]
+enum Changes {
+    /// These entries (none: nothing changed).
+    Names(Vec<String>),
+    /// Something it cannot name: overflow, the watch gone, a read error, a
+    /// name that is not UTF-8.
+    Unknown,
+}
+
+/// An inotify watch on one directory: which entries changed since the last
+/// look. The kernel queues every change to an entry (create, write,
+/// attributes, delete, rename), with its name, and to the directory itself
 /// before the syscall that made it returns.
 #[derive(Debug)]
 struct ChangeWatch {
     fd: std::os::fd::OwnedFd,
     /// The watch is gone (directory removed or moved, queue overflow, a
-    /// read failed): every look says "changed" until it is made again.
+    /// read failed): every look says "unknown" until it is made again.
     lost: std::cell::Cell<bool>,
 }
 
@@ -481,52 +561,66 @@ impl ChangeWatch {
         self.lost.get()
     }
 
-    /// Drains the queue: true when anything happened since the last call,
-    /// or when that cannot be known (overflow, the watch gone, a read
-    /// error).
-    fn changed(&self) -> bool {
+    /// Drains the queue: the entries that changed since the last call.
+    fn changes(&self) -> Changes {
         use std::os::fd::AsRawFd as _;
         if self.lost.get() {
-            return true;
+            return Changes::Unknown;
         }
-        let mut buf = [0u8; 4096];
-        let mut any = false;
+        // Room for at least one event with the longest name.
+        let mut buf = [0u8; 4096 + 16 + 256];
+        let mut names = Vec::new();
         loop {
             // SAFETY: `buf` is valid for writes of its length.
             let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
             let Ok(len) = usize::try_from(n) else {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock => return any,
+                match io::Error::last_os_error().kind() {
+                    io::ErrorKind::WouldBlock => break,
                     io::ErrorKind::Interrupted => continue,
                     _ => {
                         self.lost.set(true);
-                        return true;
+                        return Changes::Unknown;
                     }
                 }
             };
-            any = true;
-            let gone = libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_Q_OVERFLOW;
-            if len == 0 || events_mask(buf.get(..len).unwrap_or_default()) & gone != 0 {
+            let Some(events) = parse_events(buf.get(..len).unwrap_or_default()) else {
                 self.lost.set(true);
-                return true;
-            }
+                return Changes::Unknown;
+            };
+            names.extend(events);
         }
+        names.sort_unstable();
+        names.dedup();
+        Changes::Names(names)
     }
 }
 
-/// The union of the masks of the inotify events in `buf` (one read's).
-fn events_mask(buf: &[u8]) -> u32 {
+/// The entry names of the inotify events in `buf` (one read's); None when
+/// one says the watch is gone or cannot be named, or the buffer is cut.
+/// Events on the directory itself name nothing and change no entry.
+fn parse_events(buf: &[u8]) -> Option<Vec<String>> {
     // struct inotify_event: wd (i32), mask (u32), cookie (u32), len (u32),
-    // then `len` bytes of name.
+    // then `len` bytes of name, NUL-padded.
     const HEADER: usize = 16;
-    let field = |at: usize| buf.get(at..at + 4).and_then(|b| b.try_into().ok()).map_or(0, u32::from_ne_bytes);
-    let (mut mask, mut at) = (0, 0);
-    while at + HEADER <= buf.len() {
-        mask |= field(at + 4);
-        at += HEADER + field(at + 12) as usize;
+    let gone = libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_Q_OVERFLOW | libc::IN_UNMOUNT;
+    let field = |at: usize| buf.get(at..at + 4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes);
+    let (mut names, mut at) = (Vec::new(), 0);
+    if buf.is_empty() {
+        return None;
     }
-    mask
+    while at < buf.len() {
+        let (mask, len) = (field(at + 4)?, usize::try_from(field(at + 12)?).ok()?);
+        if mask & gone != 0 {
+            return None;
+        }
+        let raw = buf.get(at + HEADER..at + HEADER + len)?;
+        let name = raw.split(|&b| b == 0).next().unwrap_or_default();
+        if !name.is_empty() {
+            names.push(std::str::from_utf8(name).ok()?.to_owned());
+        }
+        at += HEADER + len;
+    }
+    Some(names)
 }
 
 fn push_read(
@@ -591,6 +685,7 @@ mod tests {
     }
 
     /// The reader re-reads only what changed, and its scan is a fresh one's.
+    /// The listing (without the watch): stamps decide what is read again.
     #[test]
     fn the_reader_reads_again_only_entries_whose_file_changed() {
         let tmp = tempfile::tempdir().unwrap();
@@ -598,23 +693,23 @@ mod tests {
         fs::write(&old, ENTRY).unwrap();
         fs::write(tmp.path().join("junk"), [0u8, 1, 2]).unwrap();
         let mut reader = CacheReader::new(CniCache::new(tmp.path()));
-        let first = reader.scan();
+        let first = reader.list_and_read().0;
         assert_eq!(first, CniCache::new(tmp.path()).scan());
         assert_eq!(reader.last_reads(), 2);
         // Just written: read again (its timestamps cannot tell yet).
-        assert_eq!(reader.scan(), first);
+        assert_eq!(reader.list_and_read().0, first);
         assert_eq!(reader.last_reads(), 2);
         std::thread::sleep(SETTLE + std::time::Duration::from_millis(20));
-        assert_eq!(reader.scan(), first);
+        assert_eq!(reader.list_and_read().0, first);
         assert_eq!(reader.last_reads(), 2, "read once more after settling");
-        assert_eq!(reader.scan(), first);
+        assert_eq!(reader.list_and_read().0, first);
         assert_eq!(reader.last_reads(), 0, "settled and unchanged: nothing read");
         // A new entry and a rewritten one are read; a removed one is gone.
         let second = ENTRY.replace("c1", "c2").replace("10.1.0.2/24", "10.1.0.3/24");
         fs::write(tmp.path().join("net1-c2-eth0"), second).unwrap();
         fs::write(&old, ENTRY.replace("cni-1", "cni-9")).unwrap();
         fs::remove_file(tmp.path().join("junk")).unwrap();
-        let third = reader.scan();
+        let third = reader.list_and_read().0;
         assert_eq!(reader.last_reads(), 2);
         assert_eq!(third, CniCache::new(tmp.path()).scan());
         assert_eq!(third.attachments.len(), 2);
@@ -622,59 +717,71 @@ mod tests {
         assert!(third.anomalies.is_empty());
     }
 
-    /// Settles what the reader read, so that its result may stand.
+    /// Lets what the reader read settle, then scans (a listing: reads again
+    /// what had just changed).
     fn settled_scan(reader: &mut CacheReader) -> CacheScan {
         std::thread::sleep(SETTLE + std::time::Duration::from_millis(20));
         reader.scan()
     }
 
+    /// What changed, how many files reading it takes, the change.
+    type Change<'a> = (&'a str, usize, Box<dyn Fn() + 'a>);
+
     #[test]
-    fn an_unchanged_watched_directory_is_not_listed_again_and_every_change_is_seen() {
+    fn a_watched_directory_is_followed_by_entry_and_every_change_is_seen() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("results");
         fs::create_dir(&dir).unwrap();
         let entry = dir.join("net1-c1-eth0");
         fs::write(&entry, ENTRY).unwrap();
+        for i in 2..20 {
+            fs::write(dir.join(format!("net1-c{i}-eth0")), ENTRY.replace("c1", &format!("c{i}"))).unwrap();
+        }
         let mut reader = CacheReader::new(CniCache::new(&dir));
-        reader.scan();
-        let first = settled_scan(&mut reader);
-        assert!(!reader.last_reused());
+        let first = reader.scan();
+        assert!(!reader.last_followed(), "the first scan lists");
         assert_eq!(reader.scan(), first);
-        assert!(reader.last_reused(), "unchanged: the last result stands");
-        assert_eq!(reader.last_reads(), 0);
+        assert!(reader.last_followed(), "unchanged: followed");
+        assert_eq!(reader.last_reads(), 0, "nothing read");
 
-        // Each change, made just before the scan, is in the result.
-        let changes: Vec<(&str, Box<dyn Fn()>)> = vec![
-            // Same size, same second: only the watch can tell.
-            ("rewritten in place", Box::new(|| fs::write(&entry, ENTRY.replace("cni-1", "cni-2")).unwrap())),
-            ("added", Box::new(|| fs::write(dir.join("net1-c2-eth0"), ENTRY.replace("c1", "c2")).unwrap())),
+        // Each change, made just before the scan, is in the result, and
+        // only the changed entries are read.
+        let changes: Vec<Change<'_>> = vec![
+            // Same size, same second: the stamps alone could miss it.
+            ("rewritten in place", 1, Box::new(|| fs::write(&entry, ENTRY.replace("cni-1", "cni-2")).unwrap())),
+            ("added", 1, Box::new(|| fs::write(dir.join("net1-cx-eth0"), ENTRY.replace("c1", "cx")).unwrap())),
             (
                 "renamed over",
+                1,
                 Box::new(|| {
                     fs::write(tmp.path().join("staged"), ENTRY.replace("cni-1", "cni-3")).unwrap();
                     fs::rename(tmp.path().join("staged"), &entry).unwrap();
                 }),
             ),
-            ("removed", Box::new(|| fs::remove_file(dir.join("net1-c2-eth0")).unwrap())),
-            (
-                "directory replaced",
-                Box::new(|| {
-                    fs::remove_dir_all(&dir).unwrap();
-                    fs::create_dir(&dir).unwrap();
-                    fs::write(&entry, ENTRY.replace("cni-1", "cni-4")).unwrap();
-                }),
-            ),
+            ("removed", 0, Box::new(|| fs::remove_file(dir.join("net1-cx-eth0")).unwrap())),
+            ("made unreadable junk", 1, Box::new(|| fs::write(dir.join("net1-c2-eth0"), "{").unwrap())),
         ];
-        for (what, change) in changes {
-            settled_scan(&mut reader);
-            reader.scan();
-            assert!(reader.last_reused(), "{what}: quiet before the change");
+        for (what, reads, change) in changes {
             change();
             let seen = reader.scan();
-            assert!(!reader.last_reused(), "{what}: the change is seen");
+            assert!(reader.last_followed(), "{what}: followed");
+            assert_eq!(reader.last_reads(), reads, "{what}: only the changed entry read");
             assert_eq!(seen, CniCache::new(&dir).scan(), "{what}");
         }
-        assert_eq!(reader.scan().attachments[0].netns.as_deref(), Some("/var/run/netns/cni-4"));
+        assert_eq!(reader.scan().attachments[0].netns.as_deref(), Some("/var/run/netns/cni-3"));
+        assert_eq!(reader.scan().anomalies.len(), 1, "the junk entry is reported");
+
+        // The directory replaced: the watch is lost, the next scan lists.
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir(&dir).unwrap();
+        fs::write(&entry, ENTRY.replace("cni-1", "cni-4")).unwrap();
+        let seen = reader.scan();
+        assert!(!reader.last_followed(), "replaced: listed");
+        assert_eq!(seen, CniCache::new(&dir).scan());
+        // Watched again from there.
+        fs::write(dir.join("net1-c5-eth0"), ENTRY.replace("c1", "c5")).unwrap();
+        assert_eq!(reader.scan(), CniCache::new(&dir).scan());
+        assert!(reader.last_followed());
     }
 
     #[test]
@@ -683,29 +790,50 @@ mod tests {
         let missing = tmp.path().join("results");
         let mut reader = CacheReader::new(CniCache::new(&missing));
         assert_eq!(reader.scan().anomalies[0].kind, AnomalyKind::MissingDir);
-        assert!(!reader.last_reused());
-        // Made later: watched from the next scan on.
+        assert_eq!(reader.scan().anomalies[0].kind, AnomalyKind::MissingDir);
+        assert!(!reader.last_followed());
+        // Made later: followed once listed.
         fs::create_dir(&missing).unwrap();
         fs::write(missing.join("net1-c1-eth0"), ENTRY).unwrap();
         assert_eq!(reader.scan().attachments.len(), 1);
-        assert!(!reader.last_reused());
+        assert!(!reader.last_followed());
         settled_scan(&mut reader);
         reader.scan();
-        assert!(reader.last_reused());
+        assert!(reader.last_followed());
     }
 
     #[test]
-    fn inotify_event_masks_are_read_across_names() {
-        let mut buf = Vec::new();
-        for (mask, name) in [(libc::IN_MODIFY, &b"abcd"[..]), (libc::IN_IGNORED, &b""[..])] {
-            buf.extend_from_slice(&1i32.to_ne_bytes());
-            buf.extend_from_slice(&mask.to_ne_bytes());
-            buf.extend_from_slice(&0u32.to_ne_bytes());
-            buf.extend_from_slice(&u32::try_from(name.len()).unwrap().to_ne_bytes());
-            buf.extend_from_slice(name);
+    fn an_entry_only_a_listing_reports_keeps_the_reader_listing() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("net1-c1-eth0"), ENTRY).unwrap();
+        fs::write(tmp.path().join(std::ffi::OsStr::from_bytes(b"bad-\xff")), ENTRY).unwrap();
+        let mut reader = CacheReader::new(CniCache::new(tmp.path()));
+        let first = reader.scan();
+        assert_eq!(first.anomalies[0].kind, AnomalyKind::UnparsableName);
+        assert_eq!(reader.scan(), first);
+        assert!(!reader.last_followed(), "the listing's anomaly is reported again, by a listing");
+    }
+
+    #[test]
+    fn inotify_events_are_read_by_name_and_a_lost_watch_names_nothing() {
+        fn event(mask: u32, name: &[u8], pad: usize) -> Vec<u8> {
+            let mut e = Vec::new();
+            e.extend_from_slice(&1i32.to_ne_bytes());
+            e.extend_from_slice(&mask.to_ne_bytes());
+            e.extend_from_slice(&0u32.to_ne_bytes());
+            e.extend_from_slice(&u32::try_from(name.len() + pad).unwrap().to_ne_bytes());
+            e.extend_from_slice(name);
+            e.extend(std::iter::repeat_n(0u8, pad));
+            e
         }
-        assert_eq!(events_mask(&buf), libc::IN_MODIFY | libc::IN_IGNORED);
-        // A cut record adds nothing and reads nothing past the end.
-        assert_eq!(events_mask(&buf[..20]), libc::IN_MODIFY);
+        let mut buf = event(libc::IN_MODIFY, b"net1-c1-eth0", 4);
+        buf.extend(event(libc::IN_ATTRIB, b"", 0));
+        buf.extend(event(libc::IN_DELETE, b"x", 15));
+        assert_eq!(parse_events(&buf), Some(vec!["net1-c1-eth0".to_owned(), "x".to_owned()]));
+        assert_eq!(parse_events(&buf[..20]), None, "a cut record");
+        assert_eq!(parse_events(&event(libc::IN_Q_OVERFLOW, b"", 0)), None);
+        assert_eq!(parse_events(&event(libc::IN_IGNORED, b"", 0)), None);
+        assert_eq!(parse_events(&event(libc::IN_CREATE, b"\xff", 3)), None, "not UTF-8");
     }
 }
