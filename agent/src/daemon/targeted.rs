@@ -198,17 +198,19 @@ const SCAN_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether the last full pass may have missed a reservation of one of these
 /// containers: a CNI run of it (or of a container the kernel could not name)
-/// was in flight at or after the moment that pass began (host-local writes
-/// during the run). A release batch with more than one orphan reads which
-/// IPs an attachment still holds from its verdicts, so such a batch needs
-/// the whole store.
+/// that may reserve (an ADD, or a command not known to be another) was in
+/// flight at or after the moment that pass began (host-local writes during
+/// the run). A release batch with more than one orphan reads which IPs an
+/// attachment still holds from its verdicts, so such a batch needs the
+/// whole store. A pod's DEL, which runs just before its netns goes, writes
+/// no reservation: it does not send its death to a full pass.
 #[must_use]
 pub fn may_have_missed(obs: &Observations, known: &Known, containers: &[&str]) -> bool {
     let Some(since) = known.scanned_since else { return true };
     let since = since.checked_sub(SCAN_SLACK).unwrap_or(SystemTime::UNIX_EPOCH);
     obs.cni_ops
         .iter()
-        .filter(|op| op.finished_at.is_none_or(|f| f >= since))
+        .filter(|op| op.may_reserve() && op.finished_at.is_none_or(|f| f >= since))
         .any(|op| containers.iter().any(|c| op.may_concern(c)))
 }
 

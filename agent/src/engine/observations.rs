@@ -131,6 +131,14 @@ impl CniOp {
         self.finished_at.is_none()
     }
 
+    /// Whether this run may have written a reservation: an ADD, or a
+    /// command it cannot be sure of. DEL, CHECK, GC, VERSION and STATUS
+    /// never allocate an address.
+    #[must_use]
+    pub fn may_reserve(&self) -> bool {
+        !matches!(self.command.as_str(), "DEL" | "CHECK" | "GC" | "VERSION" | "STATUS")
+    }
+
     /// Whether this run may be about `container_id`.
     #[must_use]
     pub fn may_concern(&self, container_id: &str) -> bool {

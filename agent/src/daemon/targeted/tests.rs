@@ -244,6 +244,19 @@ fn a_run_since_the_last_full_pass_asks_for_the_whole_store() {
     assert!(!may_have_missed(&with(vec![op(150, None, Some("c2"))]), &known, &["c1"]));
     assert!(may_have_missed(&with(vec![op(150, None, None)]), &known, &["c1"]), "an unnamed run may be c1's");
     assert!(may_have_missed(&with(Vec::new()), &Known::default(), &["c1"]), "no full pass yet");
+    // The pod's DEL just before its netns went writes no reservation; a
+    // command it cannot be sure of may.
+    let with_command = |command: &str| {
+        let mut run = op(150, Some(160), Some("c1"));
+        run.command = command.into();
+        with(vec![run])
+    };
+    for command in ["DEL", "CHECK", "GC", "VERSION", "STATUS"] {
+        assert!(!may_have_missed(&with_command(command), &known, &["c1"]), "{command}");
+    }
+    for command in ["ADD", "", "del", "ADDX"] {
+        assert!(may_have_missed(&with_command(command), &known, &["c1"]), "{command:?}");
+    }
 }
 
 /// Re-reading takes each file as it is now: gone files drop out, a new
