@@ -13,11 +13,18 @@ use crate::{
     ledger::persist::Window,
 };
 
+/// A CNI run whose exit record ended it.
+struct EndedRun {
+    /// The container it ran for; None when the kernel could not name it
+    /// whole (then it may concern any).
+    container: Option<String>,
+    succeeded: bool,
+}
+
 impl Agent {
     /// Ingests a batch; CNI runs that finished in it go to the triggers.
     pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
         let mut decoded = Vec::with_capacity(batch.len());
-        let (mut finished, mut failed) = (false, false);
         for record in batch {
             let event = match record {
                 Ok(event) => event,
@@ -27,10 +34,9 @@ impl Agent {
                 }
             };
             if self.admit_cni_run(&event)?
-                && let Some(succeeded) = self.record_cni_run(&event)
+                && let Some(ended) = self.record_cni_run(&event)
             {
-                finished = true;
-                failed |= !succeeded;
+                self.triggers.cni_exited(ended.container.as_deref(), !ended.succeeded);
             }
             self.publish_kernel_event(&event)?;
             decoded.push(event);
@@ -41,15 +47,12 @@ impl Agent {
             self.attachments_dirty = true;
             self.memory.dirty = true;
         }
-        if finished {
-            self.triggers.cni_exited(failed);
-        }
         Ok(())
     }
 
-    /// A CNI run's record into the ledger; when it ended a run, whether
-    /// the run succeeded.
-    fn record_cni_run(&mut self, event: &KernelEvent) -> Option<bool> {
+    /// A CNI run's record into the ledger; when it ended a run, which run
+    /// and whether it succeeded.
+    fn record_cni_run(&mut self, event: &KernelEvent) -> Option<EndedRun> {
         if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), event)
             && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
         {
@@ -57,17 +60,18 @@ impl Agent {
         }
         // An exit of a run whose container is unknown (its environment was
         // not read that far) ends no attachment but ends a run all the same.
-        let was_running = matches!(event, KernelEvent::CniExit { task, .. } if self.ledger.is_running(task.tgid));
+        let ended = match event {
+            KernelEvent::CniExit { task, .. } => self.ledger.running_for(task.tgid),
+            _ => None,
+        };
         let clock = self.clock;
         let att = self.ledger.observe(event, |k| clock.wall(k), &self.resolver);
         let KernelEvent::CniExit { task, exit } = event else { return None };
-        if !was_running {
-            return None;
-        }
+        let container = ended?;
         if let Some(op) = att.and_then(|a| a.operations.iter().rev().find(|op| op.pid == task.tgid)) {
             self.metrics.cni_operation(&op.command, op.result());
         }
-        Some(exit.succeeded())
+        Some(EndedRun { container, succeeded: exit.succeeded() })
     }
 
     /// The CNI-run filter, before the ledger: false for an exec record that

@@ -402,6 +402,22 @@ impl Ledger {
         self.running.contains_key(&pid) || self.unattributed.contains_key(&pid)
     }
 
+    /// For a CNI run of this process in the ledger and not finished: the
+    /// container it runs for, None when the kernel did not name it whole
+    /// (its environment was cut short, or a value was truncated). None
+    /// outside when no such run is.
+    #[must_use]
+    pub fn running_for(&self, pid: u32) -> Option<Option<String>> {
+        if self.unattributed.contains_key(&pid) {
+            return Some(None);
+        }
+        let container = self.running.get(&pid)?;
+        let whole = self.by_container.get(container).is_some_and(|a| {
+            a.operations.iter().rev().find(|op| op.pid == pid && op.in_flight()).is_some_and(|op| !op.truncated)
+        });
+        Some(whole.then(|| container.clone()))
+    }
+
     #[must_use]
     pub fn get(&self, container_id: &str) -> Option<&Attachment> {
         self.by_container.get(container_id)
@@ -581,6 +597,29 @@ mod tests {
         assert!(!a.in_flight());
         assert_eq!(a.operations[0].result(), "failure");
         assert_eq!(a.last_finished("ADD").unwrap().exit.as_ref().unwrap().exit_code, Some(1));
+    }
+
+    #[test]
+    fn a_running_process_names_its_container_only_when_the_kernel_read_it_whole() {
+        let mut l = Ledger::new();
+        assert_eq!(l.running_for(10), None, "not a run");
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        assert_eq!(l.running_for(10), Some(Some("c1".to_owned())));
+        let mut cut = exec(11, 1, "ADD", "c2");
+        if let KernelEvent::CniExec { exec, .. } = &mut cut {
+            exec.container_id = Some(crate::kernel::events::CniValue { value: "c2".into(), truncated: true });
+        }
+        l.observe(&cut, wall, &FixedResolver(Some(78)));
+        assert_eq!(l.running_for(11), Some(None), "a cut container ID may be any container's");
+        let mut unnamed = exec(12, 1, "ADD", "");
+        if let KernelEvent::CniExec { exec, .. } = &mut unnamed {
+            exec.container_id = None;
+            exec.env_scan_limited = true;
+        }
+        l.observe(&unnamed, wall, &FixedResolver(None));
+        assert_eq!(l.running_for(12), Some(None), "a run without a container concerns all");
+        l.observe(&exit(10, 2, 0), wall, &FixedResolver(None));
+        assert_eq!(l.running_for(10), None, "ended");
     }
 
     #[test]
