@@ -25,6 +25,7 @@ impl Agent {
     /// Ingests a batch; CNI runs that finished in it go to the triggers.
     pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
         let mut decoded = Vec::with_capacity(batch.len());
+        let mut ledger_changed = false;
         for record in batch {
             let event = match record {
                 Ok(event) => event,
@@ -33,17 +34,22 @@ impl Agent {
                     continue;
                 }
             };
-            if self.admit_cni_run(&event)?
-                && let Some(ended) = self.record_cni_run(&event)
-            {
-                self.triggers.cni_exited(ended.container.as_deref(), !ended.succeeded);
+            if self.admit_cni_run(&event)? {
+                ledger_changed |= matches!(event, KernelEvent::CniExec { .. } | KernelEvent::CniExit { .. });
+                if let Some(ended) = self.record_cni_run(&event) {
+                    self.triggers.cni_exited(ended.container.as_deref(), !ended.succeeded);
+                }
             }
             self.publish_kernel_event(&event)?;
             decoded.push(event);
         }
         if !decoded.is_empty() {
             self.model.kernel_events(decoded).await?;
-            // Rendered for /state at most once a second (housekeeping).
+        }
+        if ledger_changed {
+            // /state's copy of the ledger is made again at the next
+            // reconcile or housekeeping tick, the knowledge file at the next
+            // tick: not for the netns records that change neither.
             self.attachments_dirty = true;
             self.memory.dirty = true;
         }

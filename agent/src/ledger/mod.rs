@@ -3,10 +3,7 @@
 //! its netns even when ADD failed (no CNI cache is written then), and tells
 //! an ADD in flight from a leak.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::SystemTime,
-};
+use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -210,7 +207,10 @@ fn nsfs_inode(path: &str) -> Option<u64> {
 
 #[derive(Debug, Default)]
 pub struct Ledger {
-    by_container: HashMap<String, Attachment>,
+    /// Shared with the last [`Ledger::snapshot`] (`/state`): a snapshot
+    /// copies pointers, and a change copies only the attachment it changes
+    /// while a snapshot still holds it.
+    by_container: HashMap<String, Arc<Attachment>>,
     /// Running plugin processes -> their container.
     running: HashMap<u32, String>,
     /// Runs whose environment the kernel could not read to its end and
@@ -268,18 +268,21 @@ impl Ledger {
                     || exec.netns.as_ref().is_some_and(|v| v.truncated)
                     || exec.ifname.as_ref().is_some_and(|v| v.truncated);
                 self.evict_if_full();
-                let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| Attachment {
-                    container_id: container_id.clone(),
-                    netns_path: None,
-                    netns_inode: None,
-                    netns_nsid: None,
-                    netns_bound_at: None,
-                    pinned: None,
-                    ifnames: Vec::new(),
-                    operations: Vec::new(),
-                    first_seen: at,
-                    last_seen: at,
+                let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| {
+                    Arc::new(Attachment {
+                        container_id: container_id.clone(),
+                        netns_path: None,
+                        netns_inode: None,
+                        netns_nsid: None,
+                        netns_bound_at: None,
+                        pinned: None,
+                        ifnames: Vec::new(),
+                        operations: Vec::new(),
+                        first_seen: at,
+                        last_seen: at,
+                    })
                 });
+                let entry = Arc::make_mut(entry);
                 entry.last_seen = at;
                 if let Some(path) = &netns_path {
                     // A DEL after the netns is gone cannot be resolved:
@@ -302,9 +305,9 @@ impl Ledger {
                 if let Some(previous) = self.running.insert(task.tgid, container_id.clone())
                     && let Some(prev) = self.by_container.get_mut(&previous)
                 {
-                    finish(prev, task.tgid, at, None, true);
+                    finish(Arc::make_mut(prev), task.tgid, at, None, true);
                 }
-                let entry = self.by_container.get_mut(&container_id)?;
+                let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
                 entry.operations.push(CniOperation {
                     command: exec.command.value.clone(),
                     plugin: exec.binary.value.clone(),
@@ -331,7 +334,7 @@ impl Ledger {
                     return None;
                 }
                 let container_id = self.running.remove(&task.tgid)?;
-                let entry = self.by_container.get_mut(&container_id)?;
+                let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
                 finish(entry, task.tgid, wall(task.ktime_ns), Some(exit.clone()), false);
                 Some(entry)
             }
@@ -348,7 +351,7 @@ impl Ledger {
         for (pid, container) in &gone {
             self.running.remove(pid);
             if let Some(entry) = self.by_container.get_mut(container) {
-                finish(entry, *pid, now, None, true);
+                finish(Arc::make_mut(entry), *pid, now, None, true);
             }
         }
         gone.len()
@@ -370,7 +373,7 @@ impl Ledger {
         if let Some(previous) = self.running.remove(&task.tgid)
             && let Some(prev) = self.by_container.get_mut(&previous)
         {
-            finish(prev, task.tgid, at, None, true);
+            finish(Arc::make_mut(prev), task.tgid, at, None, true);
         }
         self.unattributed.insert(
             task.tgid,
@@ -420,18 +423,20 @@ impl Ledger {
 
     #[must_use]
     pub fn get(&self, container_id: &str) -> Option<&Attachment> {
-        self.by_container.get(container_id)
+        self.by_container.get(container_id).map(AsRef::as_ref)
     }
 
     pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
-        self.by_container.values()
+        self.by_container.values().map(AsRef::as_ref)
     }
 
-    /// Every attachment, sorted by container ID (for display and JSON).
+    /// Every attachment, sorted by container ID (for display and JSON):
+    /// shared with the ledger, so it costs a pointer per attachment.
     #[must_use]
-    pub fn snapshot(&self) -> Vec<Attachment> {
-        let sorted: BTreeMap<&String, &Attachment> = self.by_container.iter().collect();
-        sorted.into_values().cloned().collect()
+    pub fn snapshot(&self) -> Vec<Arc<Attachment>> {
+        let mut all: Vec<Arc<Attachment>> = self.by_container.values().cloned().collect();
+        all.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
+        all
     }
 
     /// Adds attachments an earlier run recorded, unless this run has seen
@@ -445,7 +450,7 @@ impl Ledger {
             for op in a.operations.iter().filter(|op| op.in_flight()) {
                 self.running.entry(op.pid).or_insert_with(|| a.container_id.clone());
             }
-            self.by_container.insert(a.container_id.clone(), a);
+            self.by_container.insert(a.container_id.clone(), Arc::new(a));
         }
     }
 
