@@ -95,7 +95,8 @@ impl Agent {
         Ok(true)
     }
 
-    /// Once a second: /state's ledger, the saved knowledge, ring-buffer
+    /// Once a second: /state's ledger, the saved knowledge (at most every
+    /// `knowledge::SAVE_INTERVAL`), ring-buffer
     /// losses, and CNI runs whose process is gone without an exit record.
     pub(super) async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
         // Bounded ledger (issue 13.3, helper `model`): forget containers
@@ -107,9 +108,7 @@ impl Agent {
             self.memory.dirty = true;
         }
         self.publish_attachments();
-        if std::mem::take(&mut self.memory.dirty) {
-            self.save_knowledge().await;
-        }
+        self.save_knowledge_when_due().await;
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth

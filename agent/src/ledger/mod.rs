@@ -136,6 +136,13 @@ pub trait NetnsResolver {
     fn nsid_of(&self, _path: &str, _pid: Option<u32>, _inode: u32) -> Option<i32> {
         None
     }
+
+    /// Both: the inode of the netns at `path` and its nsid (the nsid only
+    /// with an inode).
+    fn resolve(&self, path: &str, pid: Option<u32>) -> (Option<u64>, Option<i32>) {
+        let Some(inode) = self.inode_of(path, pid) else { return (None, None) };
+        (Some(inode), self.nsid_of(path, pid, inode as u32))
+    }
 }
 
 /// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net. A
@@ -182,12 +189,77 @@ impl NetnsResolver for StatResolver {
 
     fn nsid_of(&self, path: &str, pid: Option<u32>, inode: u32) -> Option<i32> {
         let fd = self.candidates(path, pid).iter().find_map(|p| crate::discovery::open_netns(p, inode).ok())?;
+        self.nsid_by_fd(&fd)
+    }
+
+    /// One path walk fewer than `inode_of` + `nsid_of` (a CNI run costs
+    /// one of these): the nsfs file found is opened once, and its inode and
+    /// nsid come from that open file. Only a path `statfs` shows on nsfs is
+    /// opened (CNI_NETNS is any string a plugin's caller chose).
+    fn resolve(&self, path: &str, pid: Option<u32>) -> (Option<u64>, Option<i32>) {
+        for candidate in self.candidates(path, pid) {
+            let Ok(c_path) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(candidate.as_os_str()))
+            else {
+                continue;
+            };
+            if !on_nsfs(&c_path) {
+                continue;
+            }
+            if let Some((fd, inode)) = open_nsfs(&c_path) {
+                return (Some(inode), self.nsid_by_fd(&fd));
+            }
+            // Not openable now (a race, or no fd left): as `inode_of` +
+            // `nsid_of` would say.
+            let inode = candidate.to_str().and_then(nsfs_inode);
+            if let Some(inode) = inode {
+                return (Some(inode), self.nsid_of(path, pid, inode as u32));
+            }
+        }
+        (None, None)
+    }
+}
+
+impl StatResolver {
+    /// The nsid of the netns behind `fd`, assigned when it has none.
+    fn nsid_by_fd(&self, fd: &std::os::fd::OwnedFd) -> Option<i32> {
         let mut querier = self.querier.try_borrow_mut().ok()?;
         if querier.is_none() {
             *querier = crate::netlink::query::Querier::open().ok();
         }
-        querier.as_mut()?.nsid_of(std::os::fd::AsRawFd::as_raw_fd(&fd), true).ok().flatten()
+        querier.as_mut()?.nsid_of(std::os::fd::AsRawFd::as_raw_fd(fd), true).ok().flatten()
     }
+}
+
+/// Whether `path` is a file of the namespace filesystem (`statfs`, which
+/// opens nothing).
+fn on_nsfs(path: &std::ffi::CStr) -> bool {
+    // SAFETY: a zeroed statfs is a valid out-struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    unsafe { libc::statfs(path.as_ptr(), &raw mut fs) == 0 && fs.f_type == NSFS_MAGIC }
+}
+
+/// Opens the nsfs file at `path` and returns it with its inode; None when
+/// it does not open or what opened is not on nsfs (the path changed since
+/// it was checked).
+fn open_nsfs(path: &std::ffi::CStr) -> Option<(std::os::fd::OwnedFd, u64)> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    // SAFETY: a NUL-terminated path; the fd returned is owned below.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: open(2) just returned this fd.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: zeroed out-structs are valid for fstatfs and fstat.
+    let (mut fs, mut st): (libc::statfs, libc::stat) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: a valid fd and out-pointers.
+    let nsfs = unsafe { libc::fstatfs(fd.as_raw_fd(), &raw mut fs) == 0 && fs.f_type == NSFS_MAGIC };
+    // SAFETY: as above.
+    if !nsfs || unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } != 0 {
+        return None;
+    }
+    Some((fd, st.st_ino))
 }
 
 /// The inode of the nsfs file at `path`; None for anything else.
@@ -257,11 +329,8 @@ impl Ledger {
                     return None;
                 }
                 let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
-                let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p, Some(task.tgid)));
-                let netns_nsid = netns_path
-                    .as_deref()
-                    .zip(netns_inode)
-                    .and_then(|(p, i)| resolver.nsid_of(p, Some(task.tgid), i as u32));
+                let (netns_inode, netns_nsid) =
+                    netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid)));
                 let ifname = exec.ifname.as_ref().map(|v| v.value.clone()).filter(|i| !i.is_empty());
                 let truncated = exec.command.truncated
                     || exec.container_id.as_ref().is_some_and(|v| v.truncated)
@@ -430,6 +499,11 @@ impl Ledger {
         self.by_container.values().map(AsRef::as_ref)
     }
 
+    /// Every attachment, shared (a copy costs a pointer).
+    pub fn shared_attachments(&self) -> impl Iterator<Item = &Arc<Attachment>> {
+        self.by_container.values()
+    }
+
     /// Every attachment, sorted by container ID (for display and JSON):
     /// shared with the ledger, so it costs a pointer per attachment.
     #[must_use]
@@ -588,6 +662,23 @@ mod tests {
         std::fs::write(&plain, "").unwrap();
         assert_eq!(StatResolver::new(None).inode_of(plain.to_str().unwrap(), None), None, "an unmounted mount point");
         assert_eq!(StatResolver::new(None).inode_of("/nonexistent/netns", None), None);
+    }
+
+    #[test]
+    fn the_stat_resolver_resolves_inode_and_nsid_from_one_open_as_the_two_lookups_do() {
+        let r = StatResolver::new(None);
+        let own = "/proc/self/ns/net";
+        let inode = r.inode_of(own, None).expect("our own netns is on nsfs");
+        let (resolved_inode, resolved_nsid) = r.resolve(own, None);
+        assert_eq!(resolved_inode, Some(inode));
+        assert_eq!(resolved_nsid, r.nsid_of(own, None, inode as u32));
+        // The plugin's own root first: a pid that is gone falls through.
+        assert_eq!(r.resolve(own, Some(u32::MAX)).0, Some(inode));
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("cni-1234");
+        std::fs::write(&plain, "").unwrap();
+        assert_eq!(r.resolve(plain.to_str().unwrap(), None), (None, None), "an unmounted mount point");
+        assert_eq!(r.resolve("/nonexistent/netns", None), (None, None));
     }
 
     #[test]
