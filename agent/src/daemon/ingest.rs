@@ -24,7 +24,7 @@ struct EndedRun {
 impl Agent {
     /// Ingests a batch; CNI runs that finished in it go to the triggers.
     pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
-        let mut decoded = Vec::with_capacity(batch.len());
+        let mut netns_records = Vec::new();
         let mut ledger_changed = false;
         for record in batch {
             let event = match record {
@@ -41,10 +41,14 @@ impl Agent {
                 }
             }
             self.publish_kernel_event(&event)?;
-            decoded.push(event);
+            // The model reads netns records only: a CNI run's records would
+            // cost a wake-up of its task each, for nothing.
+            if !matches!(event, KernelEvent::CniExec { .. } | KernelEvent::CniExit { .. }) {
+                netns_records.push(event);
+            }
         }
-        if !decoded.is_empty() {
-            self.model.kernel_events(decoded).await?;
+        if !netns_records.is_empty() {
+            self.model.kernel_events(netns_records).await?;
         }
         if ledger_changed {
             // /state's copy of the ledger is made again at the next
