@@ -13,11 +13,19 @@ use crate::{
     ledger::persist::Window,
 };
 
+/// A CNI run whose exit record ended it.
+struct EndedRun {
+    /// The container it ran for; None when the kernel could not name it
+    /// whole (then it may concern any).
+    container: Option<String>,
+    succeeded: bool,
+}
+
 impl Agent {
     /// Ingests a batch; CNI runs that finished in it go to the triggers.
     pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
-        let mut decoded = Vec::with_capacity(batch.len());
-        let (mut finished, mut failed) = (false, false);
+        let mut netns_records = Vec::new();
+        let mut ledger_changed = false;
         for record in batch {
             let event = match record {
                 Ok(event) => event,
@@ -26,30 +34,35 @@ impl Agent {
                     continue;
                 }
             };
-            if self.admit_cni_run(&event)?
-                && let Some(succeeded) = self.record_cni_run(&event)
-            {
-                finished = true;
-                failed |= !succeeded;
+            if self.admit_cni_run(&event)? {
+                ledger_changed |= matches!(event, KernelEvent::CniExec { .. } | KernelEvent::CniExit { .. });
+                if let Some(ended) = self.record_cni_run(&event) {
+                    self.triggers.cni_exited(ended.container.as_deref(), !ended.succeeded);
+                }
             }
             self.publish_kernel_event(&event)?;
-            decoded.push(event);
+            // The model reads netns records only: a CNI run's records would
+            // cost a wake-up of its task each, for nothing.
+            if !matches!(event, KernelEvent::CniExec { .. } | KernelEvent::CniExit { .. }) {
+                netns_records.push(event);
+            }
         }
-        if !decoded.is_empty() {
-            self.model.kernel_events(decoded).await?;
-            // Rendered for /state at most once a second (housekeeping).
+        if !netns_records.is_empty() {
+            self.model.kernel_events(netns_records).await?;
+        }
+        if ledger_changed {
+            // /state's copy of the ledger is made again at the next
+            // reconcile or housekeeping tick, the knowledge file at the next
+            // tick: not for the netns records that change neither.
             self.attachments_dirty = true;
             self.memory.dirty = true;
-        }
-        if finished {
-            self.triggers.cni_exited(failed);
         }
         Ok(())
     }
 
-    /// A CNI run's record into the ledger; when it ended a run, whether
-    /// the run succeeded.
-    fn record_cni_run(&mut self, event: &KernelEvent) -> Option<bool> {
+    /// A CNI run's record into the ledger; when it ended a run, which run
+    /// and whether it succeeded.
+    fn record_cni_run(&mut self, event: &KernelEvent) -> Option<EndedRun> {
         if let (Some(k), KernelEvent::CniExec { task, exec }) = (self.kube.as_mut(), event)
             && let Some(cid) = exec.container_id.as_ref().filter(|c| !c.truncated)
         {
@@ -57,17 +70,18 @@ impl Agent {
         }
         // An exit of a run whose container is unknown (its environment was
         // not read that far) ends no attachment but ends a run all the same.
-        let was_running = matches!(event, KernelEvent::CniExit { task, .. } if self.ledger.is_running(task.tgid));
+        let ended = match event {
+            KernelEvent::CniExit { task, .. } => self.ledger.running_for(task.tgid),
+            _ => None,
+        };
         let clock = self.clock;
         let att = self.ledger.observe(event, |k| clock.wall(k), &self.resolver);
         let KernelEvent::CniExit { task, exit } = event else { return None };
-        if !was_running {
-            return None;
-        }
+        let container = ended?;
         if let Some(op) = att.and_then(|a| a.operations.iter().rev().find(|op| op.pid == task.tgid)) {
             self.metrics.cni_operation(&op.command, op.result());
         }
-        Some(exit.succeeded())
+        Some(EndedRun { container, succeeded: exit.succeeded() })
     }
 
     /// The CNI-run filter, before the ledger: false for an exec record that
@@ -85,7 +99,8 @@ impl Agent {
         Ok(true)
     }
 
-    /// Once a second: /state's ledger, the saved knowledge, ring-buffer
+    /// Once a second: /state's ledger, the saved knowledge (at most every
+    /// `knowledge::SAVE_INTERVAL`), ring-buffer
     /// losses, and CNI runs whose process is gone without an exit record.
     pub(super) async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
         // Bounded ledger (issue 13.3, helper `model`): forget containers
@@ -97,9 +112,7 @@ impl Agent {
             self.memory.dirty = true;
         }
         self.publish_attachments();
-        if std::mem::take(&mut self.memory.dirty) {
-            self.save_knowledge().await;
-        }
+        self.save_knowledge_when_due().await;
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth

@@ -1,7 +1,7 @@
 //! What this run carries over from earlier ones (bindings and windows of
 //! complete watching, see `restore`), and saves for later ones.
 
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use tracing::warn;
 
@@ -38,6 +38,31 @@ pub(super) struct Memory {
     pub dead_while_down: Vec<DeadNetns>,
     /// The ledger changed since the last save.
     pub dirty: bool,
+    /// A save writing on the blocking pool (one at a time: they share the
+    /// temporary file).
+    saving: Option<tokio::task::JoinHandle<()>>,
+    /// When the last save was started.
+    saved_at: Option<Instant>,
+}
+
+/// Saves while running are at most this often. What a crash loses is only
+/// what was learned since the last save, and that only delays: a binding
+/// not saved makes its reservation wait for the orphan grace after a
+/// restart instead of being released on the kernel's word, and a watching
+/// window ends earlier (youth grace again). Nothing saved can make a live
+/// reservation look dead: every saved fact is re-checked with the kernel at
+/// start (`restore::fate`), and the engine still finds the IP in a live
+/// netns. SIGTERM saves the whole state.
+pub(super) const SAVE_INTERVAL: Duration = Duration::from_secs(5);
+
+impl Memory {
+    /// Whether a save should start now: something changed, the last one is
+    /// done and at least [`SAVE_INTERVAL`] old.
+    pub fn save_due(&self, now: Instant) -> bool {
+        self.dirty
+            && self.saving.as_ref().is_none_or(tokio::task::JoinHandle::is_finished)
+            && self.saved_at.is_none_or(|at| now.duration_since(at) >= SAVE_INTERVAL)
+    }
 }
 
 /// How the saved bindings fared, for the log.
@@ -122,28 +147,56 @@ impl Agent {
         self.memory.dirty = true;
     }
 
-    /// Saves the ledger with each binding's netns incarnation.
+    /// Saves the ledger with each binding's netns incarnation, after a save
+    /// still writing (at shutdown).
     pub(super) async fn save_knowledge(&mut self) {
+        if let Some(saving) = self.memory.saving.take() {
+            let _ = saving.await;
+        }
+        let Some(knowledge) = self.knowledge().await else { return };
+        if let Err(e) = persist::save(&self.config.state_dir, &knowledge) {
+            warn!("knowledge not saved: {e}");
+        }
+    }
+
+    /// Starts a save when one is due ([`Memory::save_due`]): the document
+    /// is made here, written and fsync'd on the blocking pool, so the event
+    /// loop (a death's release) never waits for the disk.
+    pub(super) async fn save_knowledge_when_due(&mut self) {
+        let now = Instant::now();
+        if !self.memory.save_due(now) {
+            return;
+        }
+        self.memory.saved_at = Some(now);
+        let Some(knowledge) = self.knowledge().await else { return };
+        self.memory.dirty = false;
+        let dir = self.config.state_dir.clone();
+        self.memory.saving = Some(tokio::task::spawn_blocking(move || {
+            if let Err(e) = persist::save(&dir, &knowledge) {
+                warn!("knowledge not saved: {e}");
+            }
+        }));
+    }
+
+    /// What to save now.
+    async fn knowledge(&mut self) -> Option<persist::Knowledge> {
         let snapshot = match self.model.snapshot().await {
             Ok(s) => s,
             Err(e) => {
                 warn!("knowledge not saved: no model snapshot: {e}");
-                return;
+                return None;
             }
         };
         let now = SystemTime::now();
         let mut windows = self.memory.windows.clone();
         windows.push(Window { since: self.watching_since, until: now });
-        let knowledge = restore::knowledge_of(
+        Some(restore::knowledge_of(
             &self.ledger,
             &snapshot,
             &self.memory.dead_while_down,
             self.memory.boot_id.clone(),
             windows,
             now,
-        );
-        if let Err(e) = persist::save(&self.config.state_dir, &knowledge) {
-            warn!("knowledge not saved: {e}");
-        }
+        ))
     }
 }

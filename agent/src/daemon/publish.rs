@@ -49,7 +49,7 @@ const MAX_LOGGED_CNI_ANOMALIES: usize = 256;
 pub(super) struct StateDoc {
     pub probes: Vec<crate::kernel::probes::ProbeStatus>,
     pub model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
-    pub attachments: Arc<Vec<crate::ledger::Attachment>>,
+    pub attachments: Arc<Vec<Arc<crate::ledger::Attachment>>>,
     pub verdicts: Arc<Vec<Verdict>>,
     pub runtime: Option<crate::engine::RuntimeView>,
 }
@@ -60,7 +60,7 @@ pub(super) struct StateDoc {
 /// gave them (sorted).
 #[derive(Serialize)]
 struct StateJson<'a> {
-    attachments: &'a [crate::ledger::Attachment],
+    attachments: &'a [Arc<crate::ledger::Attachment>],
     model: Option<&'a crate::model::snapshot::ModelSnapshot>,
     probes: &'a [crate::kernel::probes::ProbeStatus],
     runtime: Option<&'a crate::engine::RuntimeView>,
@@ -320,6 +320,8 @@ impl Agent {
         // Bounded ledger (issue 13.3, helper `model`): remembered so that
         // housekeeping can forget these bindings after the age limit.
         self.ledger.netns_died(&containers);
+        // The saved knowledge names the bindings whose netns died.
+        self.memory.dirty = true;
         let runs_concerned = self.ledger.unattributed_runs().next().is_some()
             || containers.iter().any(|c| self.ledger.get(c).is_some_and(crate::ledger::Attachment::in_flight));
         info!(

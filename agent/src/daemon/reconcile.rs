@@ -100,8 +100,8 @@ impl Agent {
         observed: Observed,
     ) -> anyhow::Result<()> {
         let reconciled = self.reconcile_quietly(reason, started, obs, observed).await?;
-        let waiting_on_runs = reconciled.verdicts.iter().any(triggers::waits_on_runs);
-        self.triggers.reconciled(reconciled.requeue, waiting_on_runs, self.ledger.any_running());
+        let waiting = triggers::Waiting::of(&reconciled.verdicts);
+        self.triggers.reconciled(reconciled.requeue, waiting, self.ledger.any_running());
         self.publish_reconciled(reconciled)
     }
 
@@ -158,7 +158,7 @@ impl Agent {
         let verdicts = decide(&obs, &reservations, now, &self.policy);
         let changed = self.changes_among(&verdicts, &obs);
         self.start_release(&verdicts, &obs, &sources.snapshot, Judged::These);
-        self.triggers.targeted(verdicts.iter().any(triggers::waits_on_runs));
+        self.triggers.targeted(triggers::Waiting::of(&verdicts));
         self.publish_targeted(started, &verdicts, &changed)?;
         let runtime = obs.runtime.clone();
         let Sources { snapshot, source_changed, .. } = sources;

@@ -59,7 +59,7 @@ pub fn knowledge_of(
 ) -> Knowledge {
     let mut bindings = Vec::new();
     let incarnations = Incarnations::new(snapshot);
-    for a in ledger.attachments() {
+    for a in ledger.shared_attachments() {
         let netns = incarnation(&incarnations, known_dead, a);
         let alive =
             netns.is_some_and(|(id, died)| died.is_none() && incarnations.exactly(&[id]).iter().any(|v| v.alive));
@@ -68,7 +68,7 @@ pub fn knowledge_of(
             continue;
         }
         bindings.push(SavedBinding {
-            attachment: a.clone(),
+            attachment: std::sync::Arc::clone(a),
             netns: netns.map(|n| n.0),
             died_at: netns.and_then(|n| n.1),
         });
@@ -128,7 +128,7 @@ pub fn fate(
 /// binding pinned to the incarnation), and the dead netns to show the engine.
 #[must_use]
 pub fn restored(saved: SavedBinding, fate: Option<&Fate>) -> (Attachment, Option<DeadNetns>) {
-    let mut a = saved.attachment;
+    let mut a = std::sync::Arc::unwrap_or_clone(saved.attachment);
     let dead = match fate {
         Some(Fate::Alive(id) | Fate::Unknown(id)) => {
             a.pinned = Some(*id);
@@ -190,7 +190,7 @@ mod tests {
 
     fn saved(inode: u64, nsid: i32) -> SavedBinding {
         SavedBinding {
-            attachment: Attachment {
+            attachment: std::sync::Arc::new(Attachment {
                 container_id: "c1".into(),
                 netns_path: Some("/run/netns/a".into()),
                 netns_inode: Some(inode),
@@ -201,7 +201,7 @@ mod tests {
                 operations: Vec::new(),
                 first_seen: t(1),
                 last_seen: t(1),
-            },
+            }),
             netns: Some(NetnsId::new(Some(inode), Some(nsid), Some(t(0)))),
             died_at: None,
         }

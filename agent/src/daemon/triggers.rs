@@ -5,13 +5,26 @@
 //!
 //! Finished CNI runs come in bursts (a chain, a plugin's helpers, many
 //! pods) and are coalesced, and only those that can change a verdict worth
-//! acting on ask: a run that failed (leaks come from failures), any run
-//! while the last reconcile left a verdict waiting on runs in flight, and
+//! acting on ask: a run that failed (leaks come from failures), a run of a
+//! container whose verdict the last reconcile left waiting on its runs (or
+//! of a container the kernel could not name, while any verdict waits), and
 //! any run after a netns died while runs of its containers were in flight
-//! (what they wrote may not have been there to see). A successful ADD or DEL of a healthy pod asks for
-//! nothing: its reservation is judged at the next reconcile.
+//! (what they wrote may not have been there to see). A successful ADD or
+//! DEL of a healthy pod asks for nothing soon: its reservation is judged at
+//! the next reconcile, within a second.
+//!
+//! Why a run of another container need not ask: the ledger is kept per
+//! container, and the engine reads a reservation's runs only through its
+//! own container ID (a run the kernel could not name concerns every
+//! container, and is treated so). And a verdict that some live evidence
+//! holds in use stays in use when a run ends: the run is one more reason
+//! to keep, never the only one. Whatever a run's end changes is judged at
+//! the next reconcile either way; this only chooses how soon.
 
-use std::time::{Duration, SystemTime};
+use std::{
+    collections::HashSet,
+    time::{Duration, SystemTime},
+};
 
 use tokio::time::Instant;
 
@@ -75,20 +88,22 @@ pub struct Triggers {
     coalesced_at: Option<Instant>,
     /// The earliest moment a pending verdict may change by time alone.
     requeue_at: Option<Instant>,
-    /// The last reconcile left a verdict that a run in flight holds.
-    waiting_on_runs: bool,
+    /// Whose runs the verdicts of the last reconcile (and targeted passes
+    /// since) wait on.
+    waiting: Waiting,
     /// A netns died while CNI runs of its containers were in flight, and no
     /// reconcile has run since with none in flight.
     death_during_runs: bool,
 }
 
 impl Triggers {
-    /// CNI runs finished (`failed`: one of them did not succeed): reconcile
-    /// soon, with whatever else finishes meanwhile, when that can change a
-    /// verdict.
-    pub fn cni_exited(&mut self, failed: bool) {
+    /// A CNI run finished (`container`: the container it ran for, None when
+    /// the kernel could not name it whole; `failed`: it did not succeed):
+    /// reconcile soon, with whatever else finishes meanwhile, when that can
+    /// change a verdict; within a second otherwise.
+    pub fn cni_exited(&mut self, container: Option<&str>, failed: bool) {
         let soon = Instant::now() + CNI_EXIT_COALESCE;
-        if failed || self.waiting_on_runs || self.death_during_runs {
+        if failed || self.death_during_runs || self.waiting.concerns(container) {
             // Sooner than a quiet exit's reconcile already armed.
             self.coalesced_at = Some(self.coalesced_at.map_or(soon, |at| at.min(soon)));
         } else {
@@ -105,20 +120,20 @@ impl Triggers {
     /// A targeted pass ran (the death path): it judged only what the deaths
     /// concern, so a full reconcile follows within a second (for `/state`,
     /// the metrics and what the targeted pass could not find), sooner when a
-    /// quiet exit's is armed already. `waiting_on_runs`: one of its verdicts
-    /// waits on a run in flight.
-    pub fn targeted(&mut self, waiting_on_runs: bool) {
-        self.waiting_on_runs |= waiting_on_runs;
+    /// quiet exit's is armed already. `waiting`: whose runs its verdicts
+    /// wait on ([`Waiting::of`]).
+    pub fn targeted(&mut self, waiting: Waiting) {
+        self.waiting.merge(waiting);
         self.coalesced_at.get_or_insert_with(|| Instant::now() + QUIET_EXIT_COALESCE);
     }
 
     /// A reconcile ran: it saw every exit ingested before it. `requeue` is
-    /// when its pending verdicts want another look; `waiting_on_runs`
-    /// whether a verdict waits on a run in flight; `runs_in_flight` whether
-    /// the ledger has any.
-    pub fn reconciled(&mut self, requeue: Option<SystemTime>, waiting_on_runs: bool, runs_in_flight: bool) {
+    /// when its pending verdicts want another look; `waiting` whose runs its
+    /// verdicts wait on ([`Waiting::of`]); `runs_in_flight` whether the
+    /// ledger has any.
+    pub fn reconciled(&mut self, requeue: Option<SystemTime>, waiting: Waiting, runs_in_flight: bool) {
         self.coalesced_at = None;
-        self.waiting_on_runs = waiting_on_runs;
+        self.waiting = waiting;
         self.death_during_runs &= runs_in_flight;
         self.requeue_at = requeue.map(|at| {
             let wait = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO) + REQUEUE_SLACK;
@@ -137,11 +152,58 @@ impl Triggers {
     }
 }
 
-/// Whether a CNI run in flight holds this verdict where it is (pending, or
-/// in use with a run in flight among its facts): its end may change it.
+/// Whether the end of a CNI run of its container may change this verdict's
+/// status: it is pending (a run in flight holds it, or a grace runs), or a
+/// run in flight is all that keeps an IP live in another container's netns
+/// from being a conflict. An in-use verdict with live evidence of its own
+/// (its IP in its netns, a live binding, the runtime's or the API's word)
+/// stays in use when a run ends, so it does not wait.
 #[must_use]
 pub fn waits_on_runs(v: &Verdict) -> bool {
-    v.status == Status::Pending || v.evidence.iter().any(|e| matches!(e.fact, Fact::CniOpInFlight { .. }))
+    let has = |pred: fn(&Fact) -> bool| v.evidence.iter().any(|e| pred(&e.fact));
+    v.status == Status::Pending
+        || (has(|f| matches!(f, Fact::CniOpInFlight { .. })) && has(|f| matches!(f, Fact::IpInOtherLiveNetns { .. })))
+}
+
+/// Whose CNI runs the verdicts of a pass wait on ([`waits_on_runs`]): the
+/// containers of those verdicts, and whether one of them waits on a run the
+/// kernel could not name (that run's end concerns them all).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    containers: HashSet<String>,
+    /// A waiting verdict has a run in flight that names no container.
+    unnamed_run: bool,
+}
+
+impl Waiting {
+    /// What these verdicts wait on.
+    #[must_use]
+    pub fn of(verdicts: &[Verdict]) -> Self {
+        let mut waiting = Self::default();
+        for v in verdicts.iter().filter(|v| waits_on_runs(v)) {
+            waiting.containers.insert(v.reservation.container_id.to_string());
+            waiting.unnamed_run |=
+                v.evidence.iter().any(|e| matches!(e.fact, Fact::CniOpInFlight { container_id: None, .. }));
+        }
+        waiting
+    }
+
+    /// Both passes' waits.
+    pub fn merge(&mut self, other: Self) {
+        self.containers.extend(other.containers);
+        self.unnamed_run |= other.unnamed_run;
+    }
+
+    /// Whether the end of a run of `container` (None: not named whole by
+    /// the kernel, so maybe any) may change a waiting verdict.
+    #[must_use]
+    pub fn concerns(&self, container: Option<&str>) -> bool {
+        let anything = self.unnamed_run || !self.containers.is_empty();
+        match container {
+            None => anything,
+            Some(c) => self.unnamed_run || self.containers.contains(c),
+        }
+    }
 }
 
 /// When time alone may change this verdict: for a pending one, the moment
@@ -188,6 +250,8 @@ pub async fn sleep_until_some(deadline: Option<Instant>) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::ipam::{Reservation, StoreRef};
 
@@ -227,12 +291,12 @@ mod tests {
     #[test]
     fn a_requeue_never_spins() {
         let mut t = Triggers::default();
-        t.reconciled(Some(SystemTime::UNIX_EPOCH), false, false);
+        t.reconciled(Some(SystemTime::UNIX_EPOCH), Waiting::default(), false);
         let at = t.requeue_at().expect("a requeue");
         assert!(at >= Instant::now() + MIN_REQUEUE - Duration::from_millis(5));
-        t.cni_exited(true);
+        t.cni_exited(Some("c"), true);
         assert!(t.coalesced_at().is_some());
-        t.reconciled(None, false, false);
+        t.reconciled(None, Waiting::default(), false);
         assert_eq!((t.coalesced_at(), t.requeue_at()), (None, None));
     }
 
@@ -246,27 +310,89 @@ mod tests {
         t.coalesced_at().is_some_and(|at| at > Instant::now() + QUIET_EXIT_COALESCE / 2)
     }
 
+    fn in_flight(container_id: Option<&str>) -> Fact {
+        Fact::CniOpInFlight {
+            container_id: container_id.map(Box::from),
+            command: "ADD".into(),
+            plugin: "/opt/cni/bin/bridge".into(),
+            started_at: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    /// A verdict of container "c" that a run in flight holds pending.
+    fn waiting_on_c() -> Waiting {
+        Waiting::of(&[Verdict::new(&reservation(), Status::Pending, vec![in_flight(Some("c"))])])
+    }
+
     #[test]
     fn only_runs_that_can_change_a_verdict_ask_for_a_reconcile_soon() {
         let mut t = Triggers::default();
-        t.cni_exited(false);
+        t.cni_exited(Some("c"), false);
         assert!(quiet(&t), "a healthy pod's ADD or DEL asks for one within a second, for /state");
-        t.cni_exited(true);
+        t.cni_exited(Some("c"), true);
         assert!(soon(&t), "a failed run asks soon, even after a quiet one");
-        // A verdict waits on a run: its end matters.
-        t.reconciled(None, true, true);
-        t.cni_exited(false);
+        // A verdict waits on a run of its container: its end matters.
+        t.reconciled(None, waiting_on_c(), true);
+        t.cni_exited(Some("c"), false);
         assert!(soon(&t));
         // A death while runs were in flight: what they wrote was not seen.
-        t.reconciled(None, false, true);
+        t.reconciled(None, Waiting::default(), true);
         t.netns_died(true);
-        t.cni_exited(false);
+        t.cni_exited(Some("other"), false);
         assert!(soon(&t));
-        t.reconciled(None, false, true);
-        t.cni_exited(false);
+        t.reconciled(None, Waiting::default(), true);
+        t.cni_exited(Some("other"), false);
         assert!(soon(&t), "until a reconcile runs with no run in flight");
-        t.reconciled(None, false, false);
-        t.cni_exited(false);
+        t.reconciled(None, Waiting::default(), false);
+        t.cni_exited(Some("c"), false);
         assert!(quiet(&t));
+    }
+
+    #[test]
+    fn a_run_of_another_container_does_not_ask_soon_but_an_unnamed_one_does() {
+        let mut t = Triggers::default();
+        t.reconciled(None, waiting_on_c(), true);
+        t.cni_exited(Some("other"), false);
+        assert!(quiet(&t), "another pod's run cannot change c's verdict");
+        t.cni_exited(None, false);
+        assert!(soon(&t), "a run the kernel could not name may be c's");
+        // A waiting verdict held by a run that names no container: any run's
+        // end may be that one's.
+        let unnamed = Verdict::new(&reservation(), Status::Pending, vec![in_flight(None)]);
+        t.reconciled(None, Waiting::of(&[unnamed]), true);
+        t.cni_exited(Some("other"), false);
+        assert!(soon(&t));
+        // Nothing waits: an unnamed run's end asks for nothing soon.
+        t.reconciled(None, Waiting::default(), true);
+        t.cni_exited(None, false);
+        assert!(quiet(&t));
+    }
+
+    #[test]
+    fn a_targeted_pass_adds_its_waits_to_the_last_reconciles() {
+        let mut t = Triggers::default();
+        t.reconciled(None, Waiting::default(), true);
+        t.targeted(waiting_on_c());
+        t.cni_exited(Some("other"), false);
+        assert!(quiet(&t));
+        t.cni_exited(Some("c"), false);
+        assert!(soon(&t));
+    }
+
+    #[test]
+    fn in_use_on_its_own_evidence_waits_on_no_run_but_a_possible_conflict_does() {
+        let own = Fact::IpInOwnLiveNetns { netns: crate::identity::NetnsId::default(), paths: Arc::from([]) };
+        let kept = Verdict::new(&reservation(), Status::InUse, vec![own, in_flight(Some("c"))]);
+        assert!(!waits_on_runs(&kept), "its own live netns keeps it whatever the run does");
+        assert_eq!(Waiting::of(&[kept]), Waiting::default());
+        let elsewhere = Fact::IpInOtherLiveNetns {
+            netns: crate::identity::NetnsId::default(),
+            containers: Arc::from([]),
+            paths: Arc::from([]),
+        };
+        let maybe_conflict = Verdict::new(&reservation(), Status::InUse, vec![elsewhere, in_flight(Some("c"))]);
+        assert!(waits_on_runs(&maybe_conflict), "when the run ends it may be a conflict");
+        let pending = Verdict::new(&reservation(), Status::Pending, vec![in_flight(Some("c"))]);
+        assert!(waits_on_runs(&pending));
     }
 }

@@ -3,10 +3,7 @@
 //! its netns even when ADD failed (no CNI cache is written then), and tells
 //! an ADD in flight from a leak.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    time::SystemTime,
-};
+use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
 use serde::{Deserialize, Serialize};
 
@@ -139,6 +136,13 @@ pub trait NetnsResolver {
     fn nsid_of(&self, _path: &str, _pid: Option<u32>, _inode: u32) -> Option<i32> {
         None
     }
+
+    /// Both: the inode of the netns at `path` and its nsid (the nsid only
+    /// with an inode).
+    fn resolve(&self, path: &str, pid: Option<u32>) -> (Option<u64>, Option<i32>) {
+        let Some(inode) = self.inode_of(path, pid) else { return (None, None) };
+        (Some(inode), self.nsid_of(path, pid, inode as u32))
+    }
 }
 
 /// Resolves with `stat(2)`: a bind mount of nsfs or /proc/PID/ns/net. A
@@ -185,12 +189,77 @@ impl NetnsResolver for StatResolver {
 
     fn nsid_of(&self, path: &str, pid: Option<u32>, inode: u32) -> Option<i32> {
         let fd = self.candidates(path, pid).iter().find_map(|p| crate::discovery::open_netns(p, inode).ok())?;
+        self.nsid_by_fd(&fd)
+    }
+
+    /// One path walk fewer than `inode_of` + `nsid_of` (a CNI run costs
+    /// one of these): the nsfs file found is opened once, and its inode and
+    /// nsid come from that open file. Only a path `statfs` shows on nsfs is
+    /// opened (CNI_NETNS is any string a plugin's caller chose).
+    fn resolve(&self, path: &str, pid: Option<u32>) -> (Option<u64>, Option<i32>) {
+        for candidate in self.candidates(path, pid) {
+            let Ok(c_path) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(candidate.as_os_str()))
+            else {
+                continue;
+            };
+            if !on_nsfs(&c_path) {
+                continue;
+            }
+            if let Some((fd, inode)) = open_nsfs(&c_path) {
+                return (Some(inode), self.nsid_by_fd(&fd));
+            }
+            // Not openable now (a race, or no fd left): as `inode_of` +
+            // `nsid_of` would say.
+            let inode = candidate.to_str().and_then(nsfs_inode);
+            if let Some(inode) = inode {
+                return (Some(inode), self.nsid_of(path, pid, inode as u32));
+            }
+        }
+        (None, None)
+    }
+}
+
+impl StatResolver {
+    /// The nsid of the netns behind `fd`, assigned when it has none.
+    fn nsid_by_fd(&self, fd: &std::os::fd::OwnedFd) -> Option<i32> {
         let mut querier = self.querier.try_borrow_mut().ok()?;
         if querier.is_none() {
             *querier = crate::netlink::query::Querier::open().ok();
         }
-        querier.as_mut()?.nsid_of(std::os::fd::AsRawFd::as_raw_fd(&fd), true).ok().flatten()
+        querier.as_mut()?.nsid_of(std::os::fd::AsRawFd::as_raw_fd(fd), true).ok().flatten()
     }
+}
+
+/// Whether `path` is a file of the namespace filesystem (`statfs`, which
+/// opens nothing).
+fn on_nsfs(path: &std::ffi::CStr) -> bool {
+    // SAFETY: a zeroed statfs is a valid out-struct.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a valid out-pointer.
+    unsafe { libc::statfs(path.as_ptr(), &raw mut fs) == 0 && fs.f_type == NSFS_MAGIC }
+}
+
+/// Opens the nsfs file at `path` and returns it with its inode; None when
+/// it does not open or what opened is not on nsfs (the path changed since
+/// it was checked).
+fn open_nsfs(path: &std::ffi::CStr) -> Option<(std::os::fd::OwnedFd, u64)> {
+    use std::os::fd::{AsRawFd as _, FromRawFd as _};
+    // SAFETY: a NUL-terminated path; the fd returned is owned below.
+    let raw = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if raw < 0 {
+        return None;
+    }
+    // SAFETY: open(2) just returned this fd.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+    // SAFETY: zeroed out-structs are valid for fstatfs and fstat.
+    let (mut fs, mut st): (libc::statfs, libc::stat) = unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+    // SAFETY: a valid fd and out-pointers.
+    let nsfs = unsafe { libc::fstatfs(fd.as_raw_fd(), &raw mut fs) == 0 && fs.f_type == NSFS_MAGIC };
+    // SAFETY: as above.
+    if !nsfs || unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } != 0 {
+        return None;
+    }
+    Some((fd, st.st_ino))
 }
 
 /// The inode of the nsfs file at `path`; None for anything else.
@@ -210,7 +279,10 @@ fn nsfs_inode(path: &str) -> Option<u64> {
 
 #[derive(Debug, Default)]
 pub struct Ledger {
-    by_container: HashMap<String, Attachment>,
+    /// Shared with the last [`Ledger::snapshot`] (`/state`): a snapshot
+    /// copies pointers, and a change copies only the attachment it changes
+    /// while a snapshot still holds it.
+    by_container: HashMap<String, Arc<Attachment>>,
     /// Running plugin processes -> their container.
     running: HashMap<u32, String>,
     /// Runs whose environment the kernel could not read to its end and
@@ -257,29 +329,29 @@ impl Ledger {
                     return None;
                 }
                 let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
-                let netns_inode = netns_path.as_deref().and_then(|p| resolver.inode_of(p, Some(task.tgid)));
-                let netns_nsid = netns_path
-                    .as_deref()
-                    .zip(netns_inode)
-                    .and_then(|(p, i)| resolver.nsid_of(p, Some(task.tgid), i as u32));
+                let (netns_inode, netns_nsid) =
+                    netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid)));
                 let ifname = exec.ifname.as_ref().map(|v| v.value.clone()).filter(|i| !i.is_empty());
                 let truncated = exec.command.truncated
                     || exec.container_id.as_ref().is_some_and(|v| v.truncated)
                     || exec.netns.as_ref().is_some_and(|v| v.truncated)
                     || exec.ifname.as_ref().is_some_and(|v| v.truncated);
                 self.evict_if_full();
-                let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| Attachment {
-                    container_id: container_id.clone(),
-                    netns_path: None,
-                    netns_inode: None,
-                    netns_nsid: None,
-                    netns_bound_at: None,
-                    pinned: None,
-                    ifnames: Vec::new(),
-                    operations: Vec::new(),
-                    first_seen: at,
-                    last_seen: at,
+                let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| {
+                    Arc::new(Attachment {
+                        container_id: container_id.clone(),
+                        netns_path: None,
+                        netns_inode: None,
+                        netns_nsid: None,
+                        netns_bound_at: None,
+                        pinned: None,
+                        ifnames: Vec::new(),
+                        operations: Vec::new(),
+                        first_seen: at,
+                        last_seen: at,
+                    })
                 });
+                let entry = Arc::make_mut(entry);
                 entry.last_seen = at;
                 if let Some(path) = &netns_path {
                     // A DEL after the netns is gone cannot be resolved:
@@ -302,9 +374,9 @@ impl Ledger {
                 if let Some(previous) = self.running.insert(task.tgid, container_id.clone())
                     && let Some(prev) = self.by_container.get_mut(&previous)
                 {
-                    finish(prev, task.tgid, at, None, true);
+                    finish(Arc::make_mut(prev), task.tgid, at, None, true);
                 }
-                let entry = self.by_container.get_mut(&container_id)?;
+                let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
                 entry.operations.push(CniOperation {
                     command: exec.command.value.clone(),
                     plugin: exec.binary.value.clone(),
@@ -331,7 +403,7 @@ impl Ledger {
                     return None;
                 }
                 let container_id = self.running.remove(&task.tgid)?;
-                let entry = self.by_container.get_mut(&container_id)?;
+                let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
                 finish(entry, task.tgid, wall(task.ktime_ns), Some(exit.clone()), false);
                 Some(entry)
             }
@@ -348,7 +420,7 @@ impl Ledger {
         for (pid, container) in &gone {
             self.running.remove(pid);
             if let Some(entry) = self.by_container.get_mut(container) {
-                finish(entry, *pid, now, None, true);
+                finish(Arc::make_mut(entry), *pid, now, None, true);
             }
         }
         gone.len()
@@ -370,7 +442,7 @@ impl Ledger {
         if let Some(previous) = self.running.remove(&task.tgid)
             && let Some(prev) = self.by_container.get_mut(&previous)
         {
-            finish(prev, task.tgid, at, None, true);
+            finish(Arc::make_mut(prev), task.tgid, at, None, true);
         }
         self.unattributed.insert(
             task.tgid,
@@ -402,20 +474,43 @@ impl Ledger {
         self.running.contains_key(&pid) || self.unattributed.contains_key(&pid)
     }
 
+    /// For a CNI run of this process in the ledger and not finished: the
+    /// container it runs for, None when the kernel did not name it whole
+    /// (its environment was cut short, or a value was truncated). None
+    /// outside when no such run is.
+    #[must_use]
+    pub fn running_for(&self, pid: u32) -> Option<Option<String>> {
+        if self.unattributed.contains_key(&pid) {
+            return Some(None);
+        }
+        let container = self.running.get(&pid)?;
+        let whole = self.by_container.get(container).is_some_and(|a| {
+            a.operations.iter().rev().find(|op| op.pid == pid && op.in_flight()).is_some_and(|op| !op.truncated)
+        });
+        Some(whole.then(|| container.clone()))
+    }
+
     #[must_use]
     pub fn get(&self, container_id: &str) -> Option<&Attachment> {
-        self.by_container.get(container_id)
+        self.by_container.get(container_id).map(AsRef::as_ref)
     }
 
     pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
+        self.by_container.values().map(AsRef::as_ref)
+    }
+
+    /// Every attachment, shared (a copy costs a pointer).
+    pub fn shared_attachments(&self) -> impl Iterator<Item = &Arc<Attachment>> {
         self.by_container.values()
     }
 
-    /// Every attachment, sorted by container ID (for display and JSON).
+    /// Every attachment, sorted by container ID (for display and JSON):
+    /// shared with the ledger, so it costs a pointer per attachment.
     #[must_use]
-    pub fn snapshot(&self) -> Vec<Attachment> {
-        let sorted: BTreeMap<&String, &Attachment> = self.by_container.iter().collect();
-        sorted.into_values().cloned().collect()
+    pub fn snapshot(&self) -> Vec<Arc<Attachment>> {
+        let mut all: Vec<Arc<Attachment>> = self.by_container.values().cloned().collect();
+        all.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
+        all
     }
 
     /// Adds attachments an earlier run recorded, unless this run has seen
@@ -429,7 +524,7 @@ impl Ledger {
             for op in a.operations.iter().filter(|op| op.in_flight()) {
                 self.running.entry(op.pid).or_insert_with(|| a.container_id.clone());
             }
-            self.by_container.insert(a.container_id.clone(), a);
+            self.by_container.insert(a.container_id.clone(), Arc::new(a));
         }
     }
 
@@ -570,6 +665,23 @@ mod tests {
     }
 
     #[test]
+    fn the_stat_resolver_resolves_inode_and_nsid_from_one_open_as_the_two_lookups_do() {
+        let r = StatResolver::new(None);
+        let own = "/proc/self/ns/net";
+        let inode = r.inode_of(own, None).expect("our own netns is on nsfs");
+        let (resolved_inode, resolved_nsid) = r.resolve(own, None);
+        assert_eq!(resolved_inode, Some(inode));
+        assert_eq!(resolved_nsid, r.nsid_of(own, None, inode as u32));
+        // The plugin's own root first: a pid that is gone falls through.
+        assert_eq!(r.resolve(own, Some(u32::MAX)).0, Some(inode));
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("cni-1234");
+        std::fs::write(&plain, "").unwrap();
+        assert_eq!(r.resolve(plain.to_str().unwrap(), None), (None, None), "an unmounted mount point");
+        assert_eq!(r.resolve("/nonexistent/netns", None), (None, None));
+    }
+
+    #[test]
     fn exec_then_exit_records_a_finished_operation() {
         let mut l = Ledger::new();
         l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
@@ -581,6 +693,29 @@ mod tests {
         assert!(!a.in_flight());
         assert_eq!(a.operations[0].result(), "failure");
         assert_eq!(a.last_finished("ADD").unwrap().exit.as_ref().unwrap().exit_code, Some(1));
+    }
+
+    #[test]
+    fn a_running_process_names_its_container_only_when_the_kernel_read_it_whole() {
+        let mut l = Ledger::new();
+        assert_eq!(l.running_for(10), None, "not a run");
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        assert_eq!(l.running_for(10), Some(Some("c1".to_owned())));
+        let mut cut = exec(11, 1, "ADD", "c2");
+        if let KernelEvent::CniExec { exec, .. } = &mut cut {
+            exec.container_id = Some(crate::kernel::events::CniValue { value: "c2".into(), truncated: true });
+        }
+        l.observe(&cut, wall, &FixedResolver(Some(78)));
+        assert_eq!(l.running_for(11), Some(None), "a cut container ID may be any container's");
+        let mut unnamed = exec(12, 1, "ADD", "");
+        if let KernelEvent::CniExec { exec, .. } = &mut unnamed {
+            exec.container_id = None;
+            exec.env_scan_limited = true;
+        }
+        l.observe(&unnamed, wall, &FixedResolver(None));
+        assert_eq!(l.running_for(12), Some(None), "a run without a container concerns all");
+        l.observe(&exit(10, 2, 0), wall, &FixedResolver(None));
+        assert_eq!(l.running_for(10), None, "ended");
     }
 
     #[test]

@@ -55,7 +55,8 @@ pub struct Window {
 /// named at the time, alive or dead then.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedBinding {
-    pub attachment: Attachment,
+    /// Shared with the ledger while a save is made.
+    pub attachment: std::sync::Arc<Attachment>,
     pub netns: Option<NetnsId>,
     /// When the model saw that incarnation die (None: alive when saved).
     pub died_at: Option<SystemTime>,
@@ -175,7 +176,7 @@ mod tests {
             t(5),
             vec![Window { since: t(0), until: t(5) }],
             vec![SavedBinding {
-                attachment: attachment(),
+                attachment: std::sync::Arc::new(attachment()),
                 netns: Some(NetnsId::new(Some(77), Some(3), Some(t(0)))),
                 died_at: None,
             }],

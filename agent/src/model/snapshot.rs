@@ -235,6 +235,8 @@ pub struct ModelStats {
     pub deaths_dropped: u64,
     pub nsids_assigned: u64,
     pub malformed_messages: u64,
+    /// Netns records from the probes (the agent keeps CNI-run records to
+    /// its ledger).
     pub kernel_events: u64,
     /// Netns announced by a probe that were gone before they could be
     /// opened.
