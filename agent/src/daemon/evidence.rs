@@ -441,9 +441,20 @@ fn may_be_named(view: &NetnsView, bindings: &[Binding], sandbox_paths: &[PathBuf
 /// The netns a ledger attachment binds its container to (the
 /// incarnations that held its inode when the run named it), and since when.
 fn ledger_names(a: &Attachment, incarnations: &Incarnations<'_>) -> (Vec<NetnsName>, SystemTime) {
+    ledger_names_if(a, incarnations, |_, _| true)
+}
+
+/// [`ledger_names`], leaving out the incarnations of a run's (inode, nsid)
+/// when `resolve` says none of them can matter (nothing is looked up then).
+fn ledger_names_if(
+    a: &Attachment,
+    incarnations: &Incarnations<'_>,
+    resolve: impl Fn(u64, Option<i32>) -> bool,
+) -> (Vec<NetnsName>, SystemTime) {
     let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
     let names = match (a.pinned, a.netns_inode, &a.netns_path) {
         (Some(id), _, _) => vec![NetnsName::Id(id)],
+        (None, Some(inode), _) if !resolve(inode, a.netns_nsid) => Vec::new(),
         (None, Some(inode), _) => {
             incarnations.at(inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
         }
@@ -465,6 +476,18 @@ fn cache_names(
     ledger: &Ledger,
     first_seen: Option<&FirstSeen>,
 ) -> Vec<(NetnsName, SystemTime)> {
+    cache_names_if(entry, incarnations, ledger, first_seen, |_, _| true)
+}
+
+/// [`cache_names`], leaving out the incarnations of a resolved (inode, nsid)
+/// when `resolve` says none of them can matter.
+fn cache_names_if(
+    entry: &CachedAttachment,
+    incarnations: &Incarnations<'_>,
+    ledger: &Ledger,
+    first_seen: Option<&FirstSeen>,
+    resolve: impl Fn(u64, Option<i32>) -> bool,
+) -> Vec<(NetnsName, SystemTime)> {
     let Some(path) = entry.netns.as_deref() else { return Vec::new() };
     let resolved = ledger.get(&entry.container_id).and_then(|a| {
         let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
@@ -472,6 +495,7 @@ fn cache_names(
     });
     match resolved {
         Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsName::Id(pinned), bound_at)],
+        Some(((inode, _), None, nsid)) if !resolve(inode, nsid) => Vec::new(),
         Some(((inode, bound_at), None, nsid)) => {
             incarnations.at(inode, nsid, bound_at).into_iter().map(|id| (NetnsName::Id(id), bound_at)).collect()
         }
@@ -483,21 +507,35 @@ fn cache_names(
     }
 }
 
+/// Whether a binding resolved from a CNI run's (inode, nsid) may name the
+/// netns `dead` ([`NetnsId::may_be`]): [`Incarnations::at`] gives only ids
+/// whose inode is that inode or unknown and whose nsid is that nsid or
+/// unknown (any nsid, when the run's is unknown), and `may_be` needs a part
+/// both know and agree on. A false answer spares the lookup; a true one only
+/// asks for it.
+#[must_use]
+pub fn resolution_may_name(inode: u64, nsid: Option<i32>, dead: &NetnsId) -> bool {
+    dead.inode == Some(inode) || (nsid.is_some() && nsid == dead.nsid) || (dead.inode.is_none() && nsid.is_none())
+}
+
 /// The containers and IPs a set of deaths concerns, from the sources: what
 /// `daemon::targeted::concerned_keys` finds in the whole node's
 /// observations (`extra_dead` are the dead netns the caller adds to them),
 /// without building those. `is_dead` says whether a dead netns (identity,
 /// paths) is one of the deaths; `names_dead` whether a binding's netns may
-/// be one.
+/// be one; `dead_ids` are the deaths' identities (a binding resolved from
+/// an inode no death can be is not looked up: [`resolution_may_name`]).
 #[must_use]
 pub fn death_concern(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
     cache: &[CachedAttachment],
     extra_dead: &[DeadNetns],
+    dead_ids: &[NetnsId],
     is_dead: impl Fn(&NetnsId, &[PathBuf]) -> bool,
     names_dead: impl Fn(&NetnsName) -> bool,
 ) -> (HashSet<String>, HashSet<IpAddr>) {
+    let resolve = |inode: u64, nsid: Option<i32>| dead_ids.iter().any(|d| resolution_may_name(inode, nsid, d));
     let (mut containers, mut ips) = (HashSet::new(), HashSet::new());
     for view in snapshot.netns.iter().filter(|v| !v.alive && v.died_at.is_some()) {
         let life = Life::of(view);
@@ -512,14 +550,15 @@ pub fn death_concern(
     }
     let incarnations = Incarnations::new(snapshot);
     for a in ledger.attachments() {
-        if !containers.contains(&a.container_id) && ledger_names(a, &incarnations).0.iter().any(&names_dead) {
+        if !containers.contains(&a.container_id) && ledger_names_if(a, &incarnations, resolve).0.iter().any(&names_dead)
+        {
             containers.insert(a.container_id.clone());
         }
     }
     for entry in cache {
         // Path-only names need no first-seen time: only the name is asked.
         if !containers.contains(&entry.container_id)
-            && cache_names(entry, &incarnations, ledger, None).iter().any(|(n, _)| names_dead(n))
+            && cache_names_if(entry, &incarnations, ledger, None, resolve).iter().any(|(n, _)| names_dead(n))
         {
             containers.insert(entry.container_id.clone());
         }
@@ -1093,6 +1132,20 @@ mod tests {
 
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(3000))]
+
+            /// The lookup a death's concern spares never held an
+            /// incarnation that may be the dead netns.
+            #[test]
+            fn a_spared_resolution_names_no_dead_netns(
+                views in prop::collection::vec(a_view(), 0..7),
+                (inode, nsid, at) in (1u64..4, prop::option::of(1i32..4), 0u64..30),
+                dead in (prop::option::of(1u64..4), prop::option::of(1i32..4)),
+            ) {
+                let snapshot = snapshot_of(views);
+                let dead = NetnsId::new(dead.0, dead.1, None);
+                let named = Incarnations::new(&snapshot).at(inode, nsid, t(at)).iter().any(|id| id.may_be(&dead));
+                prop_assert!(!named || resolution_may_name(inode, nsid, &dead));
+            }
 
             /// The death path's concern, found in the sources, is what the
             /// whole node's observations give.

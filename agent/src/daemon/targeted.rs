@@ -128,11 +128,13 @@ pub fn concerned_in_sources(
     extra_dead: &[DeadNetns],
     deaths: &[DeathKey],
 ) -> (HashSet<String>, HashSet<IpAddr>) {
+    let ids: Vec<NetnsId> = deaths.iter().map(|d| d.id).collect();
     let (containers, mut ips) = evidence::death_concern(
         snapshot,
         ledger,
         cache,
         extra_dead,
+        &ids,
         |id, paths| deaths.iter().any(|d| d.is(id, paths)),
         |name| deaths.iter().any(|d| d.may_name(name)),
     );
