@@ -902,8 +902,12 @@ struct GroupLook {
 }
 
 impl netreap::release::lastlook::LastLook for GroupLook {
-    fn look(&mut self) -> Result<netreap::release::lastlook::Sighting, netreap::release::lastlook::LookFound> {
+    fn look(
+        &mut self,
+        asked: &[IpAddr],
+    ) -> Result<netreap::release::lastlook::Sighting, netreap::release::lastlook::LookFound> {
         use std::os::fd::AsRawFd as _;
+        assert!(asked.contains(&self.configured), "the look is asked about every IP of its group: {asked:?}");
         let probe = fs::File::open(&self.lock).unwrap();
         // SAFETY: a valid descriptor; LOCK_NB never blocks.
         let free = unsafe { libc::flock(probe.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0;

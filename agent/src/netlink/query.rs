@@ -30,7 +30,7 @@ use std::net::IpAddr;
 use super::{
     RECV_BUFFER,
     socket::{RtnlSocket, SocketError, SocketOptions},
-    wire::{self, Message},
+    wire::{self, Address, Message},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -177,23 +177,30 @@ impl Querier {
     }
 
     /// The addresses configured in the netns with `nsid` (None: netreap's
-    /// own) right now. `Ok(None)` when the kernel refused the dump.
+    /// own) right now, both families. `Ok(None)` when the kernel refused the
+    /// dump.
     pub fn addresses(&mut self, nsid: Option<i32>) -> Result<Option<Vec<IpAddr>>, QueryError> {
         let mut ips = Vec::new();
-        Ok(self.each_address(nsid, |ip| ips.push(ip))?.then_some(ips))
+        Ok(self.each_address(nsid, wire::Family::Both, |a| ips.push(a.ip))?.then_some(ips))
     }
 
-    /// [`Querier::addresses`] without a list per netns: each address goes
-    /// to `each` as it is read. `Ok(false)` when the kernel refused the
-    /// dump (what `each` was given until then still stands).
-    pub fn each_address(&mut self, nsid: Option<i32>, mut each: impl FnMut(IpAddr)) -> Result<bool, QueryError> {
+    /// [`Querier::addresses`] of one `family` (or both), without a list per
+    /// netns: each address goes to `each` as it is read. `Ok(false)` when
+    /// the kernel refused the dump (what `each` was given until then still
+    /// stands).
+    pub fn each_address(
+        &mut self,
+        nsid: Option<i32>,
+        family: wire::Family,
+        mut each: impl FnMut(&Address),
+    ) -> Result<bool, QueryError> {
         // An address message that does not decode is an address not known:
         // the dump fails rather than read as "not configured here".
         let mut undecodable = None;
         let end = self.dump(
-            |s| wire::dump_addresses(s, nsid),
+            |s| wire::dump_addresses(s, nsid, family),
             |m| match m {
-                Ok(Message::NewAddress(a)) => each(a.ip),
+                Ok(Message::NewAddress(a)) => each(&a),
                 Ok(_) => {}
                 Err(e) => undecodable = undecodable.take().or(Some(e)),
             },
@@ -272,7 +279,7 @@ mod tests {
         // The refusal is the dump's NLMSG_DONE carrying -EINVAL (the reason
         // this is not an rtnetlink connection, which drops DONE).
         q.seq += 1;
-        q.socket.send(&wire::dump_addresses(q.seq, Some(unused))).expect("sent");
+        q.socket.send(&wire::dump_addresses(q.seq, Some(unused), wire::Family::Both)).expect("sent");
         let d = q.socket.recv(&mut q.buf).expect("receives").expect("blocking socket");
         let (header, payload) = wire::messages(&q.buf[..d.len]).next().expect("a message").expect("frames");
         assert_eq!(wire::decode(&header, payload), Ok(Message::Done { error: -libc::EINVAL }));
@@ -284,8 +291,12 @@ mod tests {
     #[test]
     fn the_running_kernels_dumps_decode() {
         let mut q = Querier::open().expect("a NETLINK_ROUTE socket");
-        let builders: [fn(u32) -> Vec<u8>; 4] =
-            [|s| wire::dump_links(s, None), |s| wire::dump_addresses(s, None), wire::dump_routes, wire::dump_nsids];
+        let builders: [fn(u32) -> Vec<u8>; 4] = [
+            |s| wire::dump_links(s, None),
+            |s| wire::dump_addresses(s, None, wire::Family::Both),
+            wire::dump_routes,
+            wire::dump_nsids,
+        ];
         let mut links = Vec::new();
         for build in builders {
             q.seq += 1;

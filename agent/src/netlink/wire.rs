@@ -150,6 +150,10 @@ pub struct Address {
     /// `IFA_LOCAL` when present (the local end of a point-to-point link),
     /// otherwise `IFA_ADDRESS`.
     pub ip: IpAddr,
+    /// `IFA_ADDRESS` when it differs from `ip` (the peer of a point-to-point
+    /// link). Part of the kernel's identity of an IPv4 address: two
+    /// addresses with the same local end and different peers are two.
+    pub peer: Option<IpAddr>,
     pub label: Option<String>,
     pub target_nsid: Option<i32>,
 }
@@ -165,6 +169,18 @@ pub struct Route {
     pub dst: Option<IpAddr>,
     pub oif: Option<u32>,
     pub priority: Option<u32>,
+}
+
+/// The address family a dump asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `AF_UNSPEC`: both, in one dump (`rtnl_dump_all`, which takes the
+    /// RTNL for each family).
+    Both,
+    /// `AF_INET` alone (an RTNL-free dump).
+    Inet,
+    /// `AF_INET6` alone (an RTNL-free dump).
+    Inet6,
 }
 
 /// One decoded message.
@@ -339,11 +355,13 @@ fn decode_address(payload: &[u8]) -> Result<Address, WireError> {
         }
     }
     let ip = local.or(address).ok_or(WireError::NoAddress)?;
+    let peer = address.filter(|a| *a != ip);
     Ok(Address {
         ifindex: header.index,
         prefix_len: header.prefix_len,
         scope: header.scope.into(),
         ip,
+        peer,
         label,
         target_nsid,
     })
@@ -417,12 +435,16 @@ pub fn dump_links(seq: u32, target_nsid: Option<i32>) -> Vec<u8> {
     request(NLM_F_DUMP, seq, RouteNetlinkMessage::GetLink(message))
 }
 
-/// `RTM_GETADDR` dump of both families, of another netns when `target_nsid`
+/// `RTM_GETADDR` dump of `family`, of another netns when `target_nsid`
 /// is set (needs `NETLINK_GET_STRICT_CHK` on the socket).
 #[must_use]
-pub fn dump_addresses(seq: u32, target_nsid: Option<i32>) -> Vec<u8> {
+pub fn dump_addresses(seq: u32, target_nsid: Option<i32>, family: Family) -> Vec<u8> {
     let mut message = AddressMessage::default();
-    message.header.family = AddressFamily::Unspec;
+    message.header.family = match family {
+        Family::Both => AddressFamily::Unspec,
+        Family::Inet => AddressFamily::Inet,
+        Family::Inet6 => AddressFamily::Inet6,
+    };
     message.attributes.extend(target_nsid.map(AddressAttribute::TargetNetNsId));
     request(NLM_F_DUMP, seq, RouteNetlinkMessage::GetAddress(message))
 }

@@ -9,6 +9,7 @@
 //! - [`reviewed_report`]: scan reports and releasing exactly what a reviewed
 //!   one lists.
 
+pub mod addrtable;
 mod cache;
 mod hostlocal;
 pub mod journal;

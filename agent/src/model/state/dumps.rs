@@ -119,7 +119,7 @@ impl DumpQueue {
     pub(super) fn start(&mut self, dump: Dump, nsid: Option<i32>, seq: u32, epoch: u64, now: SystemTime) -> Vec<u8> {
         let request = match dump.table {
             Table::Links => wire::dump_links(seq, nsid),
-            Table::Addresses => wire::dump_addresses(seq, nsid),
+            Table::Addresses => wire::dump_addresses(seq, nsid, wire::Family::Both),
             Table::Routes => wire::dump_routes(seq),
             Table::Nsids => wire::dump_nsids(seq),
         };

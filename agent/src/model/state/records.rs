@@ -74,6 +74,9 @@ pub(super) struct AddrKey {
     pub(super) ifindex: u32,
     pub(super) ip: IpAddr,
     pub(super) prefix_len: u8,
+    /// The peer of a point-to-point address: the kernel holds two
+    /// addresses with one local end and two peers, and deletes them apart.
+    pub(super) peer: Option<IpAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -142,5 +145,5 @@ pub(super) fn route_key(r: &Route) -> Option<RouteKey> {
 }
 
 pub(super) fn addr_key(a: &Address) -> AddrKey {
-    AddrKey { ifindex: a.ifindex, ip: a.ip, prefix_len: a.prefix_len }
+    AddrKey { ifindex: a.ifindex, ip: a.ip, prefix_len: a.prefix_len, peer: a.peer }
 }

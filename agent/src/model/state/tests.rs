@@ -52,7 +52,7 @@ fn link(ifindex: u32, name: &str, peer: Option<(u32, Option<i32>)>) -> Link {
 }
 
 fn addr(ifindex: u32, ip: &str, prefix_len: u8) -> Address {
-    Address { ifindex, prefix_len, scope: 0, ip: ip.parse().unwrap(), label: None, target_nsid: None }
+    Address { ifindex, prefix_len, scope: 0, ip: ip.parse().unwrap(), peer: None, label: None, target_nsid: None }
 }
 
 /// Answers every dump the model asks for with `parts`, until it asks for

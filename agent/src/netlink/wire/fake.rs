@@ -50,7 +50,12 @@ pub fn address(kind: u16, seq: u32, a: &Address) -> Vec<u8> {
     m.header.prefix_len = a.prefix_len;
     m.header.scope = a.scope.into();
     m.header.index = a.ifindex;
-    m.attributes.push(AddressAttribute::Address(a.ip));
+    if let Some(peer) = a.peer {
+        m.attributes.push(AddressAttribute::Local(a.ip));
+        m.attributes.push(AddressAttribute::Address(peer));
+    } else {
+        m.attributes.push(AddressAttribute::Address(a.ip));
+    }
     m.attributes.extend(a.target_nsid.map(AddressAttribute::TargetNetNsId));
     inner(
         seq,

@@ -46,6 +46,7 @@ fn addresses_prefer_ifa_local_and_decode_both_families() {
         prefix_len: 64,
         scope: 0,
         ip: "fd00::5".parse().unwrap(),
+        peer: None,
         label: None,
         target_nsid: None,
     };
@@ -64,6 +65,10 @@ fn addresses_prefer_ifa_local_and_decode_both_families() {
     let bytes = serialize(0, 0, NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewAddress(m)));
     let Message::NewAddress(got) = one(&bytes).1 else { panic!("not an address") };
     assert_eq!(got.ip, "10.0.0.2".parse::<IpAddr>().unwrap());
+    assert_eq!(got.peer, Some("10.0.0.1".parse::<IpAddr>().unwrap()));
+    // The fake encoder writes both ends back (and no label).
+    let without_label = Address { label: None, ..got.clone() };
+    assert_eq!(one(&fake::address(RTM_NEWADDR, 0, &got)).1, Message::NewAddress(without_label));
     assert_eq!((got.ifindex, got.prefix_len, got.label.as_deref(), got.target_nsid), (3, 32, Some("eth0"), Some(4)));
 }
 
@@ -120,7 +125,13 @@ fn done_carries_the_dump_error() {
 
 #[test]
 fn requests_have_consistent_lengths_and_the_fields_the_kernel_reads() {
-    for req in [dump_links(1, Some(2)), dump_addresses(1, None), dump_routes(3), dump_nsids(4), assign_nsid(5, 9)] {
+    for req in [
+        dump_links(1, Some(2)),
+        dump_addresses(1, None, Family::Both),
+        dump_routes(3),
+        dump_nsids(4),
+        assign_nsid(5, 9),
+    ] {
         let buffer = NetlinkBuffer::new_checked(&req[..]).expect("frames");
         assert_eq!(buffer.length() as usize, req.len());
         assert_eq!(req.len() % 4, 0);
@@ -133,10 +144,12 @@ fn requests_have_consistent_lengths_and_the_fields_the_kernel_reads() {
     assert_eq!(links[6..8], (NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
     assert_eq!(links[NLMSG_HDRLEN + 16 + 2..NLMSG_HDRLEN + 20], IFLA_TARGET_NETNSID.to_ne_bytes());
     assert_eq!(links[NLMSG_HDRLEN + 20..NLMSG_HDRLEN + 24], 42i32.to_ne_bytes());
-    let addresses = dump_addresses(7, Some(42));
+    let addresses = dump_addresses(7, Some(42), Family::Both);
     assert_eq!(addresses[NLMSG_HDRLEN + 8 + 2..NLMSG_HDRLEN + 12], IFA_TARGET_NETNSID.to_ne_bytes());
     assert_eq!(addresses[NLMSG_HDRLEN + 12..NLMSG_HDRLEN + 16], 42i32.to_ne_bytes());
     assert_eq!(addresses[NLMSG_HDRLEN], AF_UNSPEC);
+    assert_eq!(dump_addresses(7, None, Family::Inet)[NLMSG_HDRLEN], AF_INET);
+    assert_eq!(dump_addresses(7, None, Family::Inet6)[NLMSG_HDRLEN], AF_INET6);
     // Assignment: NETNSA_NSID -1 ("pick one") and NETNSA_FD.
     let assign = assign_nsid(5, 9);
     let (h, p) = messages(&assign).next().unwrap().unwrap();
