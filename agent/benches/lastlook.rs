@@ -75,16 +75,17 @@ fn nsids_of(names: &[String]) -> Vec<i32> {
         .collect()
 }
 
-fn bench(n: usize) {
-    // Named per run: a netns deleted by the previous run takes its veth
-    // with it only when the kernel gets round to it. (Link names: at most
-    // 15 bytes.)
+fn bench(n: usize, size_index: usize) {
+    // Named per run and size: a netns deleted by the previous run (or
+    // size) takes its veth with it only when the kernel gets round to it.
+    // (Link names: at most 15 bytes.)
     let run = std::process::id();
+    let size_tag = char::from(b'a' + (size_index % 26) as u8);
     let names: Vec<String> = (0..n).map(|i| format!("nrblook{run}-{i}")).collect();
     let _cleanup = Cleanup(names.clone());
     let mut setup = String::new();
     for (i, name) in names.iter().enumerate() {
-        let _ = writeln!(setup, "netns add {name}\nlink add nrk{run:x}-{i} type veth peer name eth0 netns {name}");
+        let _ = writeln!(setup, "netns add {name}\nlink add nrk{run:x}{size_tag}{i} type veth peer name eth0 netns {name}");
     }
     ip_batch(&setup);
     for (i, name) in names.iter().enumerate() {
@@ -150,7 +151,7 @@ fn main() {
     println!();
     println!("last look before an unlink, {LOOKS} looks each (ms); loadavg before: {}", load.trim());
     println!("{:<36} {:>9} {:>9} {:>9} {:>9}", "", "p50", "p99", "mean", "max");
-    for n in sizes {
-        bench(n);
+    for (size_index, n) in sizes.into_iter().enumerate() {
+        bench(n, size_index);
     }
 }
