@@ -85,7 +85,8 @@ fn bench(n: usize, size_index: usize) {
     let _cleanup = Cleanup(names.clone());
     let mut setup = String::new();
     for (i, name) in names.iter().enumerate() {
-        let _ = writeln!(setup, "netns add {name}\nlink add nrk{run:x}{size_tag}{i} type veth peer name eth0 netns {name}");
+        let _ =
+            writeln!(setup, "netns add {name}\nlink add nrk{run:x}{size_tag}{i} type veth peer name eth0 netns {name}");
     }
     ip_batch(&setup);
     for (i, name) in names.iter().enumerate() {

@@ -83,6 +83,8 @@ struct Agent {
     verdicts: HashMap<std::path::PathBuf, Status>,
     /// When this agent first saw each CNI cache entry.
     cache_first_seen: evidence::FirstSeen,
+    /// The cache scan `cache_first_seen` was last brought up to date with.
+    cache_dated: Option<Arc<crate::ipam::cnicache::CacheScan>>,
     /// The ledger changed since /state last showed it.
     attachments_dirty: bool,
     /// Only CNI runs it admits reach the ledger.
@@ -162,6 +164,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         watching_since,
         verdicts: HashMap::new(),
         cache_first_seen: evidence::FirstSeen::new(),
+        cache_dated: None,
         anomalies: std::collections::HashSet::new(),
         full_reconcile_per_death: std::env::var(FULL_RECONCILE_PER_DEATH_ENV).is_ok_and(|v| v == "1"),
         cni_filter: CniRunFilter::new(&config.cni_bin_dirs),

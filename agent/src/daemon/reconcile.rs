@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     engine::{Observations, PodRef, Status, Verdict, decide, decide_one},
-    ipam::{Anomaly, ReservationStore, cnicache::CachedAttachment, scan_all},
+    ipam::{Anomaly, ReservationStore, cnicache::CacheScan, scan_all},
     model::snapshot::{ModelSnapshot, NetnsDeath},
     release::{ReleaseError, ReleaseRecord, Releaser, lastlook::KernelLook},
     telemetry::event::ReleaseReason,
@@ -51,7 +51,9 @@ pub(super) struct Reconciled {
 /// The sources of one pass's observations, read together.
 pub(super) struct Sources {
     snapshot: Arc<ModelSnapshot>,
-    cache: Vec<CachedAttachment>,
+    /// The CNI cache: shared with the reader, which gives the same scan
+    /// again while no entry changed.
+    cache: Arc<CacheScan>,
     runtime: Option<crate::engine::RuntimeView>,
     source_changed: Option<SourceChange>,
 }
@@ -119,7 +121,7 @@ impl Agent {
         let (containers, ips) = targeted::concerned_in_sources(
             &sources.snapshot,
             &self.ledger,
-            &sources.cache,
+            &sources.cache.attachments,
             &self.memory.dead_while_down,
             &keys,
         );
@@ -249,14 +251,18 @@ impl Agent {
             Some(listing) => listing.await?,
             None => followed.unwrap_or_default(),
         };
-        let now = SystemTime::now();
-        let present: HashSet<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
-        self.cache_first_seen.retain(|path, _| present.contains(path));
-        for a in &cache.attachments {
-            self.cache_first_seen.entry(a.path.clone()).or_insert(now);
+        // The same scan as last time (nothing changed): already dated.
+        if !self.cache_dated.as_ref().is_some_and(|dated| Arc::ptr_eq(dated, &cache)) {
+            let now = SystemTime::now();
+            let present: HashSet<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
+            self.cache_first_seen.retain(|path, _| present.contains(path));
+            for a in &cache.attachments {
+                self.cache_first_seen.entry(a.path.clone()).or_insert(now);
+            }
+            self.cache_dated = Some(Arc::clone(&cache));
         }
         let (runtime, source_changed) = self.runtime.view().await;
-        Ok(Sources { snapshot, cache: cache.attachments, runtime, source_changed })
+        Ok(Sources { snapshot, cache, runtime, source_changed })
     }
 
     /// The observations `scope` needs, from these sources (the runtime's
@@ -286,7 +292,7 @@ impl Agent {
         let mut obs = evidence::observations_in(
             &sources.snapshot,
             &self.ledger,
-            &sources.cache,
+            &sources.cache.attachments,
             Some(self.watching_since),
             Some(&self.cache_first_seen),
             scope,
@@ -295,7 +301,7 @@ impl Agent {
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         if let Some(k) = self.kube.as_mut() {
-            k.observe(&mut obs, &self.ledger, &sources.cache);
+            k.observe(&mut obs, &self.ledger, &sources.cache.attachments);
         }
         obs
     }

@@ -321,6 +321,9 @@ pub struct CacheReader {
     listed: Option<std::time::Instant>,
     /// Whether the last scan followed the watch instead of listing.
     last_followed: bool,
+    /// The last scan given out, given again while no entry changed: a
+    /// death's pass then costs no copy of every entry.
+    given: Option<std::sync::Arc<CacheScan>>,
 }
 
 /// A listing at least this often, whatever the watch says: a writer that
@@ -342,6 +345,7 @@ impl CacheReader {
             watch: None,
             listed: None,
             last_followed: false,
+            given: None,
         }
     }
 
@@ -365,7 +369,7 @@ impl CacheReader {
     /// The scan, when the watch names every entry that changed since the
     /// last one: one read of its queue and one read per changed entry
     /// (cheap enough for the event loop). None: [`CacheReader::scan`] lists.
-    pub fn follow(&mut self) -> Option<CacheScan> {
+    pub fn follow(&mut self) -> Option<std::sync::Arc<CacheScan>> {
         // Drained before any listing: a change after this point is either
         // seen by the scan that follows or queued for the next drain.
         let changes = self.watch.as_ref().map_or(Changes::Unknown, ChangeWatch::changes);
@@ -380,8 +384,14 @@ impl CacheReader {
         if self.listed.is_none_or(|at| at.elapsed() >= RELIST_AFTER) {
             return None;
         }
-        let dir_path = self.cache.dir.clone();
         self.last_reads = 0;
+        if names.is_empty()
+            && let Some(given) = &self.given
+        {
+            self.last_followed = true;
+            return Some(std::sync::Arc::clone(given));
+        }
+        let dir_path = self.cache.dir.clone();
         if !names.is_empty() {
             let Ok(dir) = Dir::open(&dir_path) else {
                 self.listed = None;
@@ -407,11 +417,11 @@ impl CacheReader {
             }
         }
         self.last_followed = true;
-        Some(self.remembered())
+        Some(self.give(self.remembered()))
     }
 
     /// Lists every valid entry; anything else is an anomaly.
-    pub fn scan(&mut self) -> CacheScan {
+    pub fn scan(&mut self) -> std::sync::Arc<CacheScan> {
         if let Some(followed) = self.follow() {
             return followed;
         }
@@ -422,7 +432,14 @@ impl CacheReader {
         let started = std::time::Instant::now();
         let (out, clean) = self.list_and_read();
         self.listed = (clean && self.watch.is_some()).then_some(started);
-        out
+        self.give(out)
+    }
+
+    /// Remembers `scan` as the one to give again while nothing changes.
+    fn give(&mut self, scan: CacheScan) -> std::sync::Arc<CacheScan> {
+        let given = std::sync::Arc::new(scan);
+        self.given = Some(std::sync::Arc::clone(&given));
+        given
     }
 
     /// The remembered entries as a scan's result.
@@ -721,7 +738,7 @@ mod tests {
     /// what had just changed).
     fn settled_scan(reader: &mut CacheReader) -> CacheScan {
         std::thread::sleep(SETTLE + std::time::Duration::from_millis(20));
-        reader.scan()
+        (*reader.scan()).clone()
     }
 
     /// What changed, how many files reading it takes, the change.
@@ -740,7 +757,9 @@ mod tests {
         let mut reader = CacheReader::new(CniCache::new(&dir));
         let first = reader.scan();
         assert!(!reader.last_followed(), "the first scan lists");
-        assert_eq!(reader.scan(), first);
+        let again = reader.scan();
+        assert_eq!(again, first);
+        assert!(std::sync::Arc::ptr_eq(&again, &first), "unchanged: the same scan given again, not a copy");
         assert!(reader.last_followed(), "unchanged: followed");
         assert_eq!(reader.last_reads(), 0, "nothing read");
 
@@ -766,7 +785,7 @@ mod tests {
             let seen = reader.scan();
             assert!(reader.last_followed(), "{what}: followed");
             assert_eq!(reader.last_reads(), reads, "{what}: only the changed entry read");
-            assert_eq!(seen, CniCache::new(&dir).scan(), "{what}");
+            assert_eq!(*seen, CniCache::new(&dir).scan(), "{what}");
         }
         assert_eq!(reader.scan().attachments[0].netns.as_deref(), Some("/var/run/netns/cni-3"));
         assert_eq!(reader.scan().anomalies.len(), 1, "the junk entry is reported");
@@ -777,10 +796,10 @@ mod tests {
         fs::write(&entry, ENTRY.replace("cni-1", "cni-4")).unwrap();
         let seen = reader.scan();
         assert!(!reader.last_followed(), "replaced: listed");
-        assert_eq!(seen, CniCache::new(&dir).scan());
+        assert_eq!(*seen, CniCache::new(&dir).scan());
         // Watched again from there.
         fs::write(dir.join("net1-c5-eth0"), ENTRY.replace("c1", "c5")).unwrap();
-        assert_eq!(reader.scan(), CniCache::new(&dir).scan());
+        assert_eq!(*reader.scan(), CniCache::new(&dir).scan());
         assert!(reader.last_followed());
     }
 

@@ -546,7 +546,10 @@ struct Unknown {
 enum Found {
     Process(u32),
     /// Mount tables name nsfs inodes as 32 bits.
-    Mounted { inode: u32, path: PathBuf },
+    Mounted {
+        inode: u32,
+        path: PathBuf,
+    },
 }
 
 /// Both families of a netns the model did not know, found by its mount or
