@@ -113,6 +113,7 @@ impl Agent {
         }
         self.publish_attachments();
         self.save_knowledge_when_due().await;
+        let _ = crate::release::lastlook::drain_between_looks();
         let dropped = kernel.new_drops()?;
         if dropped > 0 {
             // Something may be missing from the ledger: from now on, youth

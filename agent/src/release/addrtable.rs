@@ -21,6 +21,11 @@
 //! - an overrun (ENOBUFS) or a message that does not decode means events
 //!   were lost: the tables they may concern are dropped and seeded again.
 //!
+//! The host's own netns has an nsid for itself here (the kernel gives it
+//! one as soon as a dump shows a link whose peer is in it, and the table
+//! gives it one when it has none): its events come tagged with that nsid,
+//! or with none before it had one. Both are the host, one table.
+//!
 //! IPv6 is not kept: an address added with `nodad` (or on an optimistic
 //! DAD host) is notified from the `addrconf_wq` workqueue after the adding
 //! syscall returned (`addrconf_dad_start`), so a look asked about an IPv6
@@ -38,10 +43,12 @@ use crate::netlink::{
 };
 
 /// Receive buffer of the events socket: it hears the IPv4 address events of
-/// every netns of the node between two looks. A busier node overruns it,
-/// and an overrun costs one full look (every table seeded again), then the
-/// buffer is doubled up to [`crate::netlink::socket::MAX_RECEIVE_BUFFER`].
-const EVENTS_BUFFER: usize = 8 << 20;
+/// every netns of the node, and is drained by every look and once a second
+/// between them ([`crate::release::lastlook::drain_between_looks`]). A node
+/// busier than that overruns it, and an overrun costs one full look (every
+/// table seeded again). It is not grown: between looks nothing needs the
+/// events soon, and a larger queue would only hold more kernel memory.
+const EVENTS_BUFFER: usize = 4 << 20;
 
 /// A netns of the table: `None` is netreap's own.
 pub type Origin = Option<i32>;
@@ -79,6 +86,9 @@ pub struct TableCounts {
 /// IPv4 addresses per netns, kept by events between looks.
 pub struct AddressTable {
     events: RtnlSocket,
+    /// The host's nsid for itself, fixed for the table's life (an nsid is
+    /// never taken from a live netns).
+    host_nsid: i32,
     buf: Vec<u8>,
     tables: HashMap<Origin, HashSet<Key>>,
     counts: TableCounts,
@@ -90,21 +100,25 @@ pub struct AddressTable {
 impl AddressTable {
     /// Subscribes before any table is seeded: nothing falls between a
     /// seeding dump and the events that follow it.
-    pub fn open() -> Result<Self, SocketError> {
-        Self::open_with_buffer(EVENTS_BUFFER)
+    /// `q` gives the host's netns its nsid for itself if it has none yet.
+    pub fn open(q: &mut Querier) -> Result<Self, TableError> {
+        Self::open_with_buffer(q, EVENTS_BUFFER)
     }
 
     /// [`AddressTable::open`] with a receive buffer of `bytes` (tests
     /// overrun a small one).
-    pub fn open_with_buffer(bytes: usize) -> Result<Self, SocketError> {
+    pub fn open_with_buffer(q: &mut Querier, bytes: usize) -> Result<Self, TableError> {
         let events = RtnlSocket::open(&SocketOptions {
             groups: vec![consts::RTNLGRP_IPV4_IFADDR, consts::RTNLGRP_NSID],
             listen_all_nsid: true,
             receive_buffer: bytes,
             nonblocking: true,
         })?;
+        let own = std::fs::File::open("/proc/self/ns/net").map_err(TableError::OwnNetns)?;
+        let host_nsid = q.nsid_of(std::os::fd::AsRawFd::as_raw_fd(&own), true)?.ok_or(TableError::NoHostNsid)?;
         Ok(Self {
             events,
+            host_nsid,
             buf: vec![0; RECV_BUFFER],
             tables: HashMap::new(),
             counts: TableCounts::default(),
@@ -118,6 +132,12 @@ impl AddressTable {
         self.counts
     }
 
+    /// The host's nsid for itself (its events may carry it).
+    #[must_use]
+    pub fn host_nsid(&self) -> i32 {
+        self.host_nsid
+    }
+
     /// Applies every event queued until now. `Err`: the socket failed; the
     /// caller drops the whole table.
     pub fn drain(&mut self) -> Result<(), SocketError> {
@@ -127,14 +147,11 @@ impl AddressTable {
                 Ok(None) => return Ok(()),
                 Err(SocketError::Overrun) => {
                     self.reset("the events socket overran");
-                    if let Err(e) = self.events.grow_receive_buffer() {
-                        tracing::debug!("growing the last look's events buffer: {e}");
-                    }
                     continue;
                 }
                 Err(e) => return Err(e),
             };
-            let origin = datagram.origin_nsid;
+            let origin = host_as_none(self.host_nsid, datagram.origin_nsid);
             let mut broken = false;
             for item in wire::messages(&self.buf[..datagram.len]) {
                 let Ok((header, payload)) = item else {
@@ -164,6 +181,7 @@ impl AddressTable {
     /// Seeds the table of `origin` by a dump unless it has one. `Ok(false)`
     /// when the kernel refused the dump: the nsid names no netns now.
     pub fn seed(&mut self, q: &mut Querier, origin: Origin) -> Result<bool, QueryError> {
+        let origin = host_as_none(self.host_nsid, origin);
         if self.tables.contains_key(&origin) {
             return Ok(true);
         }
@@ -199,6 +217,25 @@ impl AddressTable {
         self.tables.clear();
         self.counts.resets += 1;
     }
+}
+
+/// The host is `None`, whether an event or a question names it by its
+/// nsid for itself or not at all.
+fn host_as_none(host_nsid: i32, origin: Origin) -> Origin {
+    origin.filter(|&n| n != host_nsid)
+}
+
+/// Why no table could be made (the look then dumps every netns).
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    #[error("opening netreap's own netns: {0}")]
+    OwnNetns(std::io::Error),
+    #[error("the kernel gave netreap's own netns no nsid")]
+    NoHostNsid,
 }
 
 /// One event: an address of `origin` added or removed; an nsid of ours
@@ -308,6 +345,13 @@ mod tests {
         let mut t = table(&[(Some(3), a.clone()), (Some(3), b)]);
         apply(&mut t, Some(3), decoded(&fake::address(RTM_DELADDR, 0, &a)));
         assert_eq!(ips(&t, Some(3)), ["10.9.0.2"], "the other peer's address is still there");
+    }
+
+    #[test]
+    fn the_hosts_own_nsid_is_the_host() {
+        assert_eq!(host_as_none(4, Some(4)), None);
+        assert_eq!(host_as_none(4, None), None);
+        assert_eq!(host_as_none(4, Some(5)), Some(5));
     }
 
     #[test]

@@ -198,6 +198,22 @@ struct Kept {
 /// has one releaser, and two looks at once only wait for each other.
 static SHARED_KEPT: LazyLock<Arc<Mutex<Kept>>> = LazyLock::new(Arc::default);
 
+/// Drains the process's address table between looks (the daemon calls it
+/// once a second), so that its socket's queue stays short and a look
+/// drains only what changed since. Skipped while a look holds the state.
+/// Returns whether it drained a table.
+#[must_use = "whether a table was drained (tests)"]
+pub fn drain_between_looks() -> bool {
+    let Ok(mut kept) = SHARED_KEPT.try_lock() else { return false };
+    let Some(table) = kept.addresses.as_mut() else { return false };
+    if let Err(e) = table.drain() {
+        tracing::debug!("last look: the address table's socket failed ({e}); the next look dumps every netns");
+        kept.addresses = None;
+        return false;
+    }
+    true
+}
+
 /// The netns bind mounts of one mount table, read again only after the
 /// kernel reported a change. A procfs mount table open for reading polls
 /// `POLLPRI | POLLERR` once after each change of its mount namespace since
@@ -405,7 +421,7 @@ impl KernelLook {
         // IPv4 from the event-kept table, drained now (after the lock was
         // taken); without one, every netns is dumped whole.
         if asked.iter().any(IpAddr::is_ipv4) && addresses.is_none() {
-            match AddressTable::open() {
+            match AddressTable::open(q) {
                 Ok(t) => *addresses = Some(t),
                 Err(e) => tracing::debug!("last look: no address table ({e}); every netns is dumped"),
             }
@@ -503,6 +519,8 @@ impl KernelLook {
         };
         let tabled: Vec<i32> = table.as_ref().map(|t| t.origins().flatten().collect()).unwrap_or_default();
         let mut nsids: HashSet<i32> = HashSet::with_capacity(self.known_nsids.len() + listed.len());
+        // The host's nsid for itself names the host, asked first.
+        nsids.extend(table.as_ref().map(|t| t.host_nsid()));
         let others = self.known_nsids.iter().copied().chain(listed).chain(tabled).filter(|n| nsids.insert(*n));
         for (i, origin) in std::iter::once(None).chain(others.map(Some)).enumerate() {
             // A refused dump: the nsid is gone, so is its netns; netreap's
@@ -980,6 +998,32 @@ mod tests {
         assert_eq!(counts.resets, 0, "no overrun: the table itself was checked");
     }
 
+    /// Between looks the daemon drains the process's table (so that its
+    /// queue stays short); what it drained is the table's.
+    #[test]
+    fn the_shared_table_is_drained_between_looks() {
+        let _one = one_look_at_a_time();
+        assert_root();
+        let ns = TestNetns::new("d");
+        let nsid = give_nsid(&ns);
+        let mut look = model_look(&SHARED_KEPT, &[(nsid, &ns)]);
+        let address = IpAddr::from([10, 213, 83, 1]);
+        assert!(seen(&mut look, address).is_empty(), "{address} is configured before the test");
+        let before = look.table_counts().expect("a table").events;
+        ip(&["-n", &ns.0, "addr", "add", "10.213.83.1/32", "dev", "lo"]);
+        // Another test's look may hold the state a moment: drained once free.
+        let drained = (0..200).any(|_| {
+            drain_between_looks() || {
+                std::thread::sleep(Duration::from_millis(5));
+                false
+            }
+        });
+        assert!(drained, "never drained");
+        let after = look.table_counts().expect("a table").events;
+        assert!(after > before, "the event was not drained between looks ({before} -> {after})");
+        assert_eq!(seen(&mut look, address), vec![format!("netns nsid {nsid}")]);
+    }
+
     /// An overrun of the events socket drops every table; the next seeding
     /// dumps again, and the answer is whole.
     #[test]
@@ -989,7 +1033,7 @@ mod tests {
         let ns = TestNetns::new("o");
         let nsid = give_nsid(&ns);
         let mut q = Querier::open().expect("a socket");
-        let mut table = AddressTable::open_with_buffer(4096).expect("an events socket");
+        let mut table = AddressTable::open_with_buffer(&mut q, 4096).expect("an events socket");
         assert!(table.seed(&mut q, Some(nsid)).expect("dumps"));
         let mut batch = String::new();
         for i in 1..=120 {
