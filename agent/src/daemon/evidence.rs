@@ -212,7 +212,11 @@ impl Iterator for Ascending<'_> {
 
 /// The containers a netns that just died was bound to (for its death event).
 #[must_use]
-pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
+pub fn containers_of_death(
+    ledger: &Ledger,
+    cache: &[std::sync::Arc<CachedAttachment>],
+    death: &NetnsDeath,
+) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
     containers_walked(ledger, cache, &life, &death.bind_mounts)
 }
@@ -221,7 +225,12 @@ pub fn containers_of_death(ledger: &Ledger, cache: &[CachedAttachment], death: &
 /// indexing (and copying) every binding of the ledger: a walk that keeps the
 /// same attachments (pinned: by identity; otherwise: by inode, bound while
 /// this incarnation held it) and the same cache entries (by path).
-fn containers_walked(ledger: &Ledger, cache: &[CachedAttachment], life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
+fn containers_walked(
+    ledger: &Ledger,
+    cache: &[std::sync::Arc<CachedAttachment>],
+    life: &Life,
+    bind_mounts: &[PathBuf],
+) -> Vec<String> {
     let mut ids: Vec<String> = ledger
         .attachments()
         .filter(|a| match (a.pinned, a.netns_inode, a.netns_bound_at) {
@@ -244,9 +253,13 @@ fn containers_walked(ledger: &Ledger, cache: &[CachedAttachment], life: &Life, b
 
 /// The index-based answer [`containers_of_death`] must equal.
 #[cfg(test)]
-fn containers_of_death_indexed(ledger: &Ledger, cache: &[CachedAttachment], death: &NetnsDeath) -> Vec<String> {
+fn containers_of_death_indexed(
+    ledger: &Ledger,
+    cache: &[std::sync::Arc<CachedAttachment>],
+    death: &NetnsDeath,
+) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
-    ContainerIndex::new(ledger.attachments(), cache.iter()).containers_of(&life, &death.bind_mounts)
+    ContainerIndex::new(ledger.attachments(), cache.iter().map(AsRef::as_ref)).containers_of(&life, &death.bind_mounts)
 }
 
 /// When netreap itself first saw each CNI cache entry (by file), so that a
@@ -319,7 +332,7 @@ impl Scope<'_> {
 pub fn observations(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
-    cache: &[CachedAttachment],
+    cache: &[std::sync::Arc<CachedAttachment>],
     watching_since: Option<SystemTime>,
     cache_first_seen: Option<&FirstSeen>,
 ) -> Observations {
@@ -334,7 +347,7 @@ pub fn observations(
 pub fn observations_in(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
-    cache: &[CachedAttachment],
+    cache: &[std::sync::Arc<CachedAttachment>],
     watching_since: Option<SystemTime>,
     cache_first_seen: Option<&FirstSeen>,
     scope: Scope<'_>,
@@ -390,10 +403,10 @@ pub fn observations_in(
         }
     }
     let containers = match scope {
-        Scope::All => ContainerIndex::new(ledger.attachments(), cache.iter()),
+        Scope::All => ContainerIndex::new(ledger.attachments(), cache.iter().map(AsRef::as_ref)),
         Scope::Concerning(_) => ContainerIndex::new(
             ledger.attachments().filter(|a| scope.wants_container(&a.container_id)),
-            cache.iter().filter(|e| scope.wants_container(&e.container_id)),
+            cache.iter().map(AsRef::as_ref).filter(|e: &&CachedAttachment| scope.wants_container(&e.container_id)),
         ),
     };
     for view in &snapshot.netns {
@@ -529,7 +542,7 @@ pub fn resolution_may_name(inode: u64, nsid: Option<i32>, dead: &NetnsId) -> boo
 pub fn death_concern(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
-    cache: &[CachedAttachment],
+    cache: &[std::sync::Arc<CachedAttachment>],
     extra_dead: &[DeadNetns],
     dead_ids: &[NetnsId],
     is_dead: impl Fn(&NetnsId, &[PathBuf]) -> bool,
@@ -696,7 +709,7 @@ mod tests {
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
-        let cache = vec![CachedAttachment {
+        let cache = vec![std::sync::Arc::new(CachedAttachment {
             path: "/c/n-c1-eth0".into(),
             network: "n".into(),
             container_id: "c1".into(),
@@ -705,7 +718,7 @@ mod tests {
             ips: vec!["10.0.0.2".parse().unwrap()],
             written_at: t(25),
             inode: 5,
-        }];
+        })];
         let obs = observations(&snapshot, &ledger, &cache, Some(t(0)), None);
         let cached: Vec<_> = obs.bindings.iter().filter(|b| b.source == BindingSource::CniCache).collect();
         assert_eq!(cached[0].netns, NetnsName::Id(NetnsId::new(Some(77), Some(1), Some(t(5)))));
@@ -730,7 +743,7 @@ mod tests {
             host_routes: Vec::new(),
             stats: ModelStats::default(),
         };
-        let cache = vec![CachedAttachment {
+        let cache = vec![std::sync::Arc::new(CachedAttachment {
             path: "/c/n-c1-eth0".into(),
             network: "n".into(),
             container_id: "c1".into(),
@@ -739,7 +752,7 @@ mod tests {
             ips: vec!["10.0.0.2".parse().unwrap()],
             written_at: t(0),
             inode: 5,
-        }];
+        })];
         let first_seen: FirstSeen = [(PathBuf::from("/c/n-c1-eth0"), t(3500))].into_iter().collect();
         let obs = observations(&snapshot, &Ledger::new(), &cache, Some(t(3000)), Some(&first_seen));
         assert_eq!(obs.live.len(), 1, "the nsid-only netns is live");
@@ -914,18 +927,20 @@ mod tests {
                     })
                     .collect(),
             );
-            let cache: Vec<CachedAttachment> = cache
+            let cache: Vec<std::sync::Arc<CachedAttachment>> = cache
                 .iter()
                 .enumerate()
-                .map(|(i, (owner, path))| CachedAttachment {
-                    path: PathBuf::from(format!("/cache/{i}")),
-                    network: "n".into(),
-                    container_id: format!("c{owner}"),
-                    ifname: "eth0".into(),
-                    netns: path.map(|p| paths[p].to_owned()),
-                    ips: Vec::new(),
-                    written_at: t(0),
-                    inode: 1,
+                .map(|(i, (owner, path))| {
+                    std::sync::Arc::new(CachedAttachment {
+                        path: PathBuf::from(format!("/cache/{i}")),
+                        network: "n".into(),
+                        container_id: format!("c{owner}"),
+                        ifname: "eth0".into(),
+                        netns: path.map(|p| paths[p].to_owned()),
+                        ips: Vec::new(),
+                        written_at: t(0),
+                        inode: 1,
+                    })
                 })
                 .collect();
             let death = NetnsDeath {
@@ -1062,7 +1077,9 @@ mod tests {
                 })
         }
 
-        fn a_node() -> impl Strategy<Value = (Vec<NetnsView>, Ledger, Vec<CachedAttachment>, Vec<DeadNetns>)> {
+        fn a_node()
+        -> impl Strategy<Value = (Vec<NetnsView>, Ledger, Vec<std::sync::Arc<CachedAttachment>>, Vec<DeadNetns>)>
+        {
             (
                 prop::collection::vec(a_view(), 0..7),
                 prop::collection::vec(an_attachment(), 0..6),
@@ -1073,15 +1090,17 @@ mod tests {
                     let cache = cache
                         .into_iter()
                         .enumerate()
-                        .map(|(i, (owner, path, written))| CachedAttachment {
-                            path: PathBuf::from(format!("/cache/{i}")),
-                            network: "n".into(),
-                            container_id: CIDS[owner].to_owned(),
-                            ifname: "eth0".into(),
-                            netns: path.map(|p| PATHS[p].to_owned()),
-                            ips: Vec::new(),
-                            written_at: t(written),
-                            inode: 1,
+                        .map(|(i, (owner, path, written))| {
+                            std::sync::Arc::new(CachedAttachment {
+                                path: PathBuf::from(format!("/cache/{i}")),
+                                network: "n".into(),
+                                container_id: CIDS[owner].to_owned(),
+                                ifname: "eth0".into(),
+                                netns: path.map(|p| PATHS[p].to_owned()),
+                                ips: Vec::new(),
+                                written_at: t(written),
+                                inode: 1,
+                            })
                         })
                         .collect();
                     let extra = extra

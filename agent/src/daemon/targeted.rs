@@ -124,7 +124,7 @@ pub fn concerned_keys(obs: &Observations, deaths: &[DeathKey]) -> (HashSet<Strin
 pub fn concerned_in_sources(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
-    cache: &[CachedAttachment],
+    cache: &[std::sync::Arc<CachedAttachment>],
     extra_dead: &[DeadNetns],
     deaths: &[DeathKey],
 ) -> (HashSet<String>, HashSet<IpAddr>) {

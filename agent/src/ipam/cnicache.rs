@@ -11,6 +11,7 @@ use std::{
     net::IpAddr,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
+    sync::Arc,
     time::SystemTime,
 };
 
@@ -66,7 +67,9 @@ impl CachedAttachment {
 /// What a scan of the cache found.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CacheScan {
-    pub attachments: Vec<CachedAttachment>,
+    /// Shared: a reader that gives a scan again after one entry changed
+    /// copies the list, not every attachment.
+    pub attachments: Vec<Arc<CachedAttachment>>,
     pub anomalies: Vec<Anomaly>,
 }
 
@@ -240,7 +243,7 @@ impl CniCache {
                 continue;
             };
             match read_entry(&dir, &self.dir, &name) {
-                Ok(Some(attachment)) => out.attachments.push(attachment),
+                Ok(Some(attachment)) => out.attachments.push(Arc::new(attachment)),
                 Ok(None) => {}
                 Err((kind, detail)) => out.anomalies.push(Anomaly::new(&store, None, &path, kind, detail)),
             }
@@ -294,7 +297,7 @@ struct Remembered {
     /// It had not changed for [`SETTLE`] when it was read: the same stamp
     /// means the same content.
     settled: bool,
-    read: Result<Option<CachedAttachment>, (AnomalyKind, String)>,
+    read: Result<Option<Arc<CachedAttachment>>, (AnomalyKind, String)>,
 }
 
 /// [`CniCache::scan`] for an agent that scans at every reconcile. An inotify
@@ -309,7 +312,8 @@ struct Remembered {
 #[derive(Debug)]
 pub struct CacheReader {
     cache: CniCache,
-    entries: std::collections::HashMap<String, Remembered>,
+    /// By name, so in the order of their paths (one directory).
+    entries: std::collections::BTreeMap<String, Remembered>,
     /// Files read by the last scan (the rest were remembered).
     last_reads: usize,
     /// Changes to the directory since the last scan began; None while it
@@ -340,7 +344,7 @@ impl CacheReader {
     pub fn new(cache: CniCache) -> Self {
         Self {
             cache,
-            entries: std::collections::HashMap::new(),
+            entries: std::collections::BTreeMap::new(),
             last_reads: 0,
             watch: None,
             listed: None,
@@ -402,7 +406,7 @@ impl CacheReader {
                     Ok(meta) => {
                         let (now, stamp) = (SystemTime::now(), Stamp::of(&meta));
                         self.last_reads += 1;
-                        let read = read_entry(&dir, &dir_path, &name);
+                        let read = read_entry(&dir, &dir_path, &name).map(|a| a.map(Arc::new));
                         self.entries.insert(name, Remembered { stamp, settled: stamp.settled_before(now), read });
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -442,15 +446,21 @@ impl CacheReader {
         given
     }
 
-    /// The remembered entries as a scan's result.
+    /// The remembered entries as a scan's result: already in the order of
+    /// their paths (by name, in one directory), each attachment shared.
     fn remembered(&self) -> CacheScan {
         let store = self.cache.store_ref();
-        let mut out = CacheScan::default();
+        let mut out = CacheScan { attachments: Vec::with_capacity(self.entries.len()), anomalies: Vec::new() };
         for (name, r) in &self.entries {
-            push_read(&mut out, &store, &self.cache.dir.join(name), r.read.clone());
+            match &r.read {
+                Ok(Some(attachment)) => out.attachments.push(Arc::clone(attachment)),
+                Ok(None) => {}
+                Err((kind, detail)) => {
+                    let path = self.cache.dir.join(name);
+                    out.anomalies.push(Anomaly::new(&store, None, &path, *kind, detail.clone()));
+                }
+            }
         }
-        out.attachments.sort_by(|a, b| a.path.cmp(&b.path));
-        out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
         out
     }
 
@@ -473,7 +483,7 @@ impl CacheReader {
             }
         };
         let mut clean = true;
-        let mut kept = std::collections::HashMap::with_capacity(self.entries.len());
+        let mut kept = std::collections::BTreeMap::new();
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
@@ -497,7 +507,7 @@ impl CacheReader {
                 (_, stamp) => {
                     let now = SystemTime::now();
                     self.last_reads += 1;
-                    let read = read_entry(&dir, &dir_path, &name);
+                    let read = read_entry(&dir, &dir_path, &name).map(|a| a.map(Arc::new));
                     // Unstamped: reported, never remembered.
                     let Some(stamp) = stamp else {
                         push_read(&mut out, &store, &path, read);
@@ -644,7 +654,7 @@ fn push_read(
     out: &mut CacheScan,
     store: &StoreRef,
     path: &Path,
-    read: Result<Option<CachedAttachment>, (AnomalyKind, String)>,
+    read: Result<Option<Arc<CachedAttachment>>, (AnomalyKind, String)>,
 ) {
     match read {
         Ok(Some(attachment)) => out.attachments.push(attachment),

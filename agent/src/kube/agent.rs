@@ -50,7 +50,7 @@ pub const STUCK_IN_FLIGHT: Duration = Duration::from_mins(2);
 /// ledger (this run), else the CNI cache (an ADD that succeeded here, also
 /// before a restart). Nothing else makes an allocation this node's.
 #[must_use]
-pub fn made_here(ledger: &Ledger, cache: &[CachedAttachment]) -> HashMap<String, SystemTime> {
+pub fn made_here(ledger: &Ledger, cache: &[std::sync::Arc<CachedAttachment>]) -> HashMap<String, SystemTime> {
     let mut seen: HashMap<String, SystemTime> = HashMap::new();
     for entry in cache {
         let at = seen.entry(entry.container_id.clone()).or_insert(entry.written_at);
@@ -265,7 +265,7 @@ impl KubeAgent {
 
     /// Adds the API's evidence to `obs` and scans the pools for this node's
     /// allocations (both from the reflectors' stores: no request here).
-    pub fn observe(&mut self, obs: &mut Observations, ledger: &Ledger, cache: &[CachedAttachment]) {
+    pub fn observe(&mut self, obs: &mut Observations, ledger: &Ledger, cache: &[std::sync::Arc<CachedAttachment>]) {
         let (pools, pool_staleness) = self.pools.view();
         self.metrics.set_kube_staleness("ippools", pool_staleness);
         if let Some(pools) = pools {

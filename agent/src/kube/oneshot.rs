@@ -37,7 +37,7 @@ pub async fn observe(
     kubeconfig: Option<&Path>,
     node: Option<&str>,
     obs: &mut Observations,
-    cache: &[CachedAttachment],
+    cache: &[std::sync::Arc<CachedAttachment>],
 ) -> Result<Option<OneShot>, super::KubeError> {
     let client = match super::connect(kubeconfig).await? {
         KubeSource::Off { reason } => {

@@ -6,11 +6,7 @@ use std::time::SystemTime;
 use super::{ReleaseError, ReleaseRecord, Releaser, outcome::Outcome};
 use crate::{
     engine::{Observations, Policy, ScanReport, Status, Verdict},
-    ipam::{
-        Reservation, ReservationStore,
-        cnicache::{CachedAttachment, CniCache},
-        scan_all,
-    },
+    ipam::{Reservation, ReservationStore, cnicache::CniCache, scan_all},
 };
 
 /// Scans `stores`, adds the CNI cache's bindings (and anomalies) when a
@@ -29,7 +25,7 @@ pub fn scan_report(
     };
     let cached = cache.scan();
     let mut obs = obs.clone();
-    obs.bindings.extend(cached.attachments.iter().filter_map(CachedAttachment::binding));
+    obs.bindings.extend(cached.attachments.iter().filter_map(|a| a.binding()));
     scan.anomalies.extend(cached.anomalies);
     ScanReport::build(&scan, &obs, now, policy)
 }
