@@ -9,16 +9,15 @@ use std::{
     fs,
     io::{self, Write as _},
     net::IpAddr,
-    os::unix::{ffi::OsStrExt, fs::MetadataExt},
+    os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
     sync::Arc,
-    time::SystemTime,
 };
 
 use super::{
     Anomaly, AnomalyKind, Owner, Reservation, ReservationData, ReservationStore, StoreRef, StoreScan,
     is_printable_text,
-    safefs::{self, Dir},
+    safefs::{self, Dir, FileMeta, FileStatus},
     shared::{Interner, SharedStr},
 };
 
@@ -150,8 +149,9 @@ pub(crate) fn read_owner(dir: &Dir, name: &str) -> ReadOwner {
 }
 
 /// The owner a reservation file names, borrowed from `scratch`
-/// (container ID, ifname), with the file's metadata.
-type OwnerParts<'b> = ((&'b str, Option<&'b str>), fs::Metadata);
+/// (container ID, ifname), with the file's status (`M`: std's metadata for
+/// a single file, the compact [`FileMeta`] in a scan).
+type OwnerParts<'b, M = fs::Metadata> = ((&'b str, Option<&'b str>), M);
 
 /// [`read_owner`] into a buffer reused from file to file. `Ok(None)`: the
 /// file is gone.
@@ -164,19 +164,22 @@ fn read_owner_into<'b>(
 }
 
 /// What a bounded read of a reservation file says of its owner.
-fn owner_of(read: io::Result<safefs::Read>, scratch: &[u8]) -> Result<Option<OwnerParts<'_>>, (AnomalyKind, String)> {
+fn owner_of<M: FileStatus>(
+    read: io::Result<safefs::Read<M>>,
+    scratch: &[u8],
+) -> Result<Option<OwnerParts<'_, M>>, (AnomalyKind, String)> {
     match read {
         Ok(safefs::Read::Content(meta)) => parse_owner_parts(scratch).map(|parts| Some((parts, meta))),
         Ok(safefs::Read::NotRegular(meta)) => {
-            if meta.is_dir() {
+            if meta.is_directory() {
                 Err((AnomalyKind::Directory, "a directory named as an IP".into()))
             } else {
-                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.mode())))
+                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.st_mode())))
             }
         }
         Ok(safefs::Read::TooLarge(meta)) => Err((
             AnomalyKind::Oversized,
-            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.size()),
+            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.st_size()),
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -186,12 +189,13 @@ fn owner_of(read: io::Result<safefs::Read>, scratch: &[u8]) -> Result<Option<Own
     }
 }
 
-/// [`read_owner_into`] with a NUL-terminated name (no allocation).
+/// [`read_owner_into`] with a NUL-terminated name (no allocation) and the
+/// compact status a scan keeps.
 fn read_owner_into_c<'b>(
     dir: &Dir,
     name: &CStr,
     scratch: &'b mut Vec<u8>,
-) -> Result<Option<OwnerParts<'b>>, (AnomalyKind, String)> {
+) -> Result<Option<OwnerParts<'b, FileMeta>>, (AnomalyKind, String)> {
     owner_of(safefs::read_bounded_into_c(dir, name, MAX_RESERVATION_BYTES, scratch), scratch)
 }
 
@@ -309,7 +313,7 @@ impl Networks<'_> {
                     ip,
                     container_id: names.intern(id),
                     ifname: ifname.map(|i| names.intern(i)),
-                    created_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                    created_at: meta.modified(),
                     path: path(),
                     inode: meta.ino(),
                 })),
