@@ -9,7 +9,7 @@ use std::{
     fs::{File, Metadata},
     io::{self, Read as _},
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd},
         unix::{ffi::OsStrExt, fs::MetadataExt},
     },
     path::Path,
@@ -100,6 +100,46 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Lists this directory through its own descriptor (what is listed is
+    /// the directory opened without following a symlink, not whatever the
+    /// path names by now), calling `each` with every name but `.` and `..`,
+    /// NUL-terminated, with no allocation per entry. An error stops the
+    /// listing; the names already given stay given.
+    pub fn for_each_name(&self, mut each: impl FnMut(&CStr)) -> io::Result<()> {
+        // fdopendir takes over the descriptor it is given: a duplicate,
+        // which shares the directory offset, so it is rewound first.
+        // SAFETY: a valid open descriptor; the result is checked.
+        let dup = fd_or_error(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: a valid directory descriptor; on success the stream owns it.
+        let stream = unsafe { libc::fdopendir(dup.as_raw_fd()) };
+        if stream.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        // The stream owns the descriptor now: closedir closes it.
+        let _owned_by_stream = dup.into_raw_fd();
+        let stream = DirStream(stream);
+        // SAFETY: a valid open stream.
+        unsafe { libc::rewinddir(stream.0) };
+        loop {
+            // readdir returns NULL both at the end and on error; only errno
+            // tells them apart.
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: a valid open stream, read by this thread only.
+            let entry = unsafe { libc::readdir(stream.0) };
+            if entry.is_null() {
+                let err = io::Error::last_os_error();
+                return if err.raw_os_error() == Some(0) { Ok(()) } else { Err(err) };
+            }
+            // SAFETY: the entry readdir returned holds a NUL-terminated name
+            // and stays valid until the next readdir on this stream.
+            let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+            if !matches!(name.to_bytes(), b"." | b"..") {
+                each(name);
+            }
+        }
+    }
+
     /// Opens (creating it if needed, as host-local does) the lock file
     /// `name`: `O_CREAT|O_RDONLY`, mode 0750 like go-filemutex, no symlink.
     pub fn open_lock(&self, name: &str) -> io::Result<File> {
@@ -132,6 +172,18 @@ impl Dir {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+/// A directory stream from fdopendir(3), closed with its descriptor when
+/// dropped.
+struct DirStream(*mut libc::DIR);
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: a stream fdopendir returned, closed once (with the
+        // descriptor it took over).
+        unsafe { libc::closedir(self.0) };
     }
 }
 
