@@ -110,11 +110,11 @@ fn parse_owner_parts(content: &[u8]) -> Result<(&str, Option<&str>), (AnomalyKin
     if trimmed.is_empty() {
         return Err((AnomalyKind::EmptyContent, "file holds no container ID".into()));
     }
-    let (id, ifname) = match trimmed.split_once(LINE_BREAK) {
+    let (id, ifname) = match split_line_break(trimmed) {
         Some((id, ifname)) => (id, Some(ifname)),
         None => (trimmed, None),
     };
-    let token_ok = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
+    let token_ok = |s: &str| !s.is_empty() && !holds_whitespace(s);
     if !token_ok(id) {
         return Err((AnomalyKind::MalformedContent, format!("container ID {id:?} is empty or holds whitespace")));
     }
@@ -124,6 +124,23 @@ fn parse_owner_parts(content: &[u8]) -> Result<(&str, Option<&str>), (AnomalyKin
         return Err((AnomalyKind::MalformedContent, format!("interface name {ifname:?} is empty or holds whitespace")));
     }
     Ok((id, ifname))
+}
+
+/// `s.split_once(LINE_BREAK)` without building a substring searcher, which
+/// cost more than the search for every file of a scan.
+fn split_line_break(s: &str) -> Option<(&str, &str)> {
+    let at = s.as_bytes().windows(LINE_BREAK.len()).position(|w| w == LINE_BREAK.as_bytes())?;
+    Some((s.get(..at)?, s.get(at + LINE_BREAK.len()..)?))
+}
+
+/// `s.chars().any(char::is_whitespace)`, byte by byte for ASCII text (what
+/// host-local writes): the same six ASCII characters, U+000B included.
+fn holds_whitespace(s: &str) -> bool {
+    if s.is_ascii() {
+        s.bytes().any(|b| matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | b' '))
+    } else {
+        s.chars().any(char::is_whitespace)
+    }
 }
 
 /// The result of reading one reservation file.
@@ -291,6 +308,7 @@ impl Network {
     fn read(&self, store: &Arc<StoreRef>, files: &[(IpAddr, usize)], names: &mut Interner) -> StoreScan {
         let mut out = StoreScan { reservations: Vec::with_capacity(files.len()), anomalies: Vec::new() };
         let mut scratch = Vec::with_capacity(usize::try_from(MAX_RESERVATION_BYTES).unwrap_or(1024) + 1);
+        let mut last_ifname: Option<SharedStr> = None;
         for &(ip, at) in files {
             let Some(Ok(c_name)) = self.names.get(at..).map(CStr::from_bytes_until_nul) else { continue };
             // Kept for as long as the reservation is: allocated at its size
@@ -303,16 +321,24 @@ impl Network {
                 PathBuf::from(OsString::from_vec(path))
             };
             match read_owner_into_c(&self.dir, c_name, &mut scratch) {
-                Ok(Some(((id, ifname), meta))) => out.reservations.push(Reservation::from(ReservationData {
-                    store: Arc::clone(store),
-                    network: self.name.clone(),
-                    ip,
-                    container_id: names.intern(id),
-                    ifname: ifname.map(|i| names.intern(i)),
-                    created_at: meta.modified(),
-                    path: path(),
-                    inode: meta.ino(),
-                })),
+                Ok(Some(((id, ifname), meta))) => {
+                    // A network's files mostly name one interface: the last
+                    // one is tried before the interner.
+                    let ifname = ifname.map(|i| match &last_ifname {
+                        Some(last) if last.as_str() == i => last.clone(),
+                        _ => last_ifname.insert(names.intern(i)).clone(),
+                    });
+                    out.reservations.push(Reservation::from(ReservationData {
+                        store: Arc::clone(store),
+                        network: self.name.clone(),
+                        ip,
+                        container_id: names.intern(id),
+                        ifname,
+                        created_at: meta.modified(),
+                        path: path(),
+                        inode: meta.ino(),
+                    }));
+                }
                 // Released by the plugin between listing and reading.
                 Ok(None) => {}
                 Err((kind, detail)) => {
@@ -531,6 +557,41 @@ mod tests {
         assert_eq!(parse_owner(&[0xff, 0xfe]).unwrap_err().0, AnomalyKind::BinaryContent);
         assert_eq!(parse_owner(b"a b").unwrap_err().0, AnomalyKind::MalformedContent);
         assert_eq!(parse_owner(b"abc\r\neth0\r\nx").unwrap_err().0, AnomalyKind::MalformedContent);
+    }
+
+    /// The owner parsing as it was written first (`split_once`, `chars`):
+    /// the byte-wise one must agree with it on any content.
+    fn parse_owner_reference(content: &[u8]) -> Result<(&str, Option<&str>), AnomalyKind> {
+        let text = std::str::from_utf8(content).map_err(|_| AnomalyKind::BinaryContent)?;
+        if !text.chars().all(|c| !c.is_control() || c == '\r' || c == '\n' || c == '\t') {
+            return Err(AnomalyKind::BinaryContent);
+        }
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return Err(AnomalyKind::EmptyContent);
+        }
+        let (id, ifname) = match trimmed.split_once(LINE_BREAK) {
+            Some((id, ifname)) => (id, Some(ifname)),
+            None => (trimmed, None),
+        };
+        let token_ok = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
+        if !token_ok(id) || ifname.is_some_and(|i| !token_ok(i)) {
+            return Err(AnomalyKind::MalformedContent);
+        }
+        Ok((id, ifname))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn owner_parsing_agrees_with_the_reference(parts in proptest::collection::vec(0_usize..16, 0..24)) {
+            const PIECES: [&[u8]; 16] = [
+                b"abc", b"0f", b"\r\n", b"\r", b"\n", b" ", b"\t", b"\x0b", b"\x0c", b"\0", b"\x7f",
+                "\u{85}".as_bytes(), "\u{a0}".as_bytes(), "\u{2003}".as_bytes(), "\u{e9}".as_bytes(), b"\xff",
+            ];
+            let content: Vec<u8> = parts.iter().flat_map(|&p| PIECES[p].iter().copied()).collect();
+            let got = parse_owner_parts(&content).map_err(|(kind, _)| kind);
+            proptest::prop_assert_eq!(got, parse_owner_reference(&content));
+        }
     }
 
     #[test]
