@@ -5,20 +5,19 @@
 //! flock) and `last_reserved_ip.<range>`, which are not reservations.
 
 use std::{
-    ffi::{CStr, OsStr},
-    fs,
-    io::{self, Write as _},
+    ffi::{CStr, OsStr, OsString},
+    fs, io,
     net::IpAddr,
-    os::unix::{ffi::OsStrExt, fs::MetadataExt},
+    ops::Range,
+    os::unix::ffi::{OsStrExt, OsStringExt},
     path::{Path, PathBuf},
-    sync::Arc,
-    time::SystemTime,
+    sync::{Arc, Mutex, PoisonError},
 };
 
 use super::{
     Anomaly, AnomalyKind, Owner, Reservation, ReservationData, ReservationStore, StoreRef, StoreScan,
     is_printable_text,
-    safefs::{self, Dir},
+    safefs::{self, Dir, FileMeta, FileStatus},
     shared::{Interner, SharedStr},
 };
 
@@ -111,11 +110,11 @@ fn parse_owner_parts(content: &[u8]) -> Result<(&str, Option<&str>), (AnomalyKin
     if trimmed.is_empty() {
         return Err((AnomalyKind::EmptyContent, "file holds no container ID".into()));
     }
-    let (id, ifname) = match trimmed.split_once(LINE_BREAK) {
+    let (id, ifname) = match split_line_break(trimmed) {
         Some((id, ifname)) => (id, Some(ifname)),
         None => (trimmed, None),
     };
-    let token_ok = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
+    let token_ok = |s: &str| !s.is_empty() && !holds_whitespace(s);
     if !token_ok(id) {
         return Err((AnomalyKind::MalformedContent, format!("container ID {id:?} is empty or holds whitespace")));
     }
@@ -125,6 +124,23 @@ fn parse_owner_parts(content: &[u8]) -> Result<(&str, Option<&str>), (AnomalyKin
         return Err((AnomalyKind::MalformedContent, format!("interface name {ifname:?} is empty or holds whitespace")));
     }
     Ok((id, ifname))
+}
+
+/// `s.split_once(LINE_BREAK)` without building a substring searcher, which
+/// cost more than the search for every file of a scan.
+fn split_line_break(s: &str) -> Option<(&str, &str)> {
+    let at = s.as_bytes().windows(LINE_BREAK.len()).position(|w| w == LINE_BREAK.as_bytes())?;
+    Some((s.get(..at)?, s.get(at + LINE_BREAK.len()..)?))
+}
+
+/// `s.chars().any(char::is_whitespace)`, byte by byte for ASCII text (what
+/// host-local writes): the same six ASCII characters, U+000B included.
+fn holds_whitespace(s: &str) -> bool {
+    if s.is_ascii() {
+        s.bytes().any(|b| matches!(b, b'\t' | b'\n' | 0x0b | 0x0c | b'\r' | b' '))
+    } else {
+        s.chars().any(char::is_whitespace)
+    }
 }
 
 /// The result of reading one reservation file.
@@ -150,8 +166,9 @@ pub(crate) fn read_owner(dir: &Dir, name: &str) -> ReadOwner {
 }
 
 /// The owner a reservation file names, borrowed from `scratch`
-/// (container ID, ifname), with the file's metadata.
-type OwnerParts<'b> = ((&'b str, Option<&'b str>), fs::Metadata);
+/// (container ID, ifname), with the file's status (`M`: std's metadata for
+/// a single file, the compact [`FileMeta`] in a scan).
+type OwnerParts<'b, M = fs::Metadata> = ((&'b str, Option<&'b str>), M);
 
 /// [`read_owner`] into a buffer reused from file to file. `Ok(None)`: the
 /// file is gone.
@@ -164,19 +181,22 @@ fn read_owner_into<'b>(
 }
 
 /// What a bounded read of a reservation file says of its owner.
-fn owner_of(read: io::Result<safefs::Read>, scratch: &[u8]) -> Result<Option<OwnerParts<'_>>, (AnomalyKind, String)> {
+fn owner_of<M: FileStatus>(
+    read: io::Result<safefs::Read<M>>,
+    scratch: &[u8],
+) -> Result<Option<OwnerParts<'_, M>>, (AnomalyKind, String)> {
     match read {
         Ok(safefs::Read::Content(meta)) => parse_owner_parts(scratch).map(|parts| Some((parts, meta))),
         Ok(safefs::Read::NotRegular(meta)) => {
-            if meta.is_dir() {
+            if meta.is_directory() {
                 Err((AnomalyKind::Directory, "a directory named as an IP".into()))
             } else {
-                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.mode())))
+                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.st_mode())))
             }
         }
         Ok(safefs::Read::TooLarge(meta)) => Err((
             AnomalyKind::Oversized,
-            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.size()),
+            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.st_size()),
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -186,12 +206,13 @@ fn owner_of(read: io::Result<safefs::Read>, scratch: &[u8]) -> Result<Option<Own
     }
 }
 
-/// [`read_owner_into`] with a NUL-terminated name (no allocation).
+/// [`read_owner_into`] with a NUL-terminated name (no allocation) and the
+/// compact status a scan keeps.
 fn read_owner_into_c<'b>(
     dir: &Dir,
     name: &CStr,
     scratch: &'b mut Vec<u8>,
-) -> Result<Option<OwnerParts<'b>>, (AnomalyKind, String)> {
+) -> Result<Option<OwnerParts<'b, FileMeta>>, (AnomalyKind, String)> {
     owner_of(safefs::read_bounded_into_c(dir, name, MAX_RESERVATION_BYTES, scratch), scratch)
 }
 
@@ -212,158 +233,187 @@ impl HostLocalStore {
         &self.data_dir
     }
 
-    /// Lists one network directory (`network` already validated): the
-    /// names that are reservation files go to `files` as their IP (host-local
-    /// names them canonically, so the IP renders back to the same name);
-    /// anything else that is not the plugin's own is an anomaly.
-    fn list_network(
-        &self,
-        store: &StoreRef,
-        network: &str,
-        net: u32,
-        files: &mut Vec<(u32, IpAddr)>,
-        anomalies: &mut Vec<Anomaly>,
-    ) -> Option<Dir> {
+    /// Lists one network directory (`network` already validated) through
+    /// the descriptor it is opened with: the names that are reservation
+    /// files are kept with their IP (host-local names them canonically, so
+    /// the IP renders back to the same name); anything else that is not the
+    /// plugin's own is an anomaly.
+    fn list_network(&self, store: &StoreRef, network: &str) -> (Option<Network>, Vec<Anomaly>) {
+        let mut anomalies = Vec::new();
         let net_path = self.data_dir.join(network);
         let anomaly = |path: &Path, kind, detail: String| Anomaly::new(store, Some(network), path, kind, detail);
         let dir = match Dir::open(&net_path) {
             Ok(dir) => dir,
             Err(e) => {
                 anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
-                return None;
+                return (None, anomalies);
             }
         };
-        let entries = match fs::read_dir(&net_path) {
-            Ok(entries) => entries,
-            Err(e) => {
-                anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
-                return None;
-            }
-        };
-        for entry in entries {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(e) => {
-                    anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
-                    continue;
-                }
-            };
-            let file_name = entry.file_name();
-            let Some(name) = file_name.to_str() else {
-                anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, "name is not UTF-8".into()));
-                continue;
+        let mut names = Vec::new();
+        let mut files = Vec::new();
+        let listed = dir.for_each_name(|c_name| {
+            let bytes = c_name.to_bytes();
+            let Ok(name) = std::str::from_utf8(bytes) else {
+                let path = net_path.join(OsStr::from_bytes(bytes));
+                anomalies.push(anomaly(&path, AnomalyKind::UnparsableName, "name is not UTF-8".into()));
+                return;
             };
             match classify_name(name) {
                 EntryName::Lock | EntryName::LastReserved => {}
-                EntryName::Ip(ip) => files.push((net, ip)),
+                EntryName::Ip(ip) => {
+                    files.push((ip, names.len()));
+                    names.extend_from_slice(c_name.to_bytes_with_nul());
+                }
                 EntryName::NonCanonicalIp(ip) => {
                     let detail = format!("{name:?} parses as an IP, but host-local would name it {ip}");
-                    anomalies.push(anomaly(&entry.path(), AnomalyKind::NonCanonicalName, detail));
+                    anomalies.push(anomaly(&net_path.join(name), AnomalyKind::NonCanonicalName, detail));
                 }
                 EntryName::NotIp => {
                     let detail = format!("{name:?} is not an IP address");
-                    anomalies.push(anomaly(&entry.path(), AnomalyKind::UnparsableName, detail));
+                    anomalies.push(anomaly(&net_path.join(name), AnomalyKind::UnparsableName, detail));
                 }
             }
+        });
+        if let Err(e) = listed {
+            anomalies.push(anomaly(&net_path, AnomalyKind::Unreadable, e.to_string()));
         }
-        Some(dir)
+        // In IP order: the order the result is sorted in.
+        files.sort_unstable_by_key(|&(ip, _)| ip);
+        let mut prefix = net_path.into_os_string().into_vec();
+        prefix.push(b'/');
+        (Some(Network { name: SharedStr::from(network), dir, prefix, names, files }), anomalies)
     }
 }
 
-/// The network directories of one scan, opened, with what their
-/// reservations share.
-struct Networks<'s> {
-    store: &'s Arc<StoreRef>,
-    data_dir: &'s Path,
-    /// Name, interned, and the open directory, by the index `files` use.
-    dirs: Vec<(SharedStr, Dir)>,
+/// One network directory of a scan: opened, listed, its reservation files
+/// not yet read.
+struct Network {
+    name: SharedStr,
+    dir: Dir,
+    /// `<data_dir>/<network>/`, what each of its reservations' paths starts
+    /// with.
+    prefix: Vec<u8>,
+    /// The reservation files' names, each NUL-terminated, one after the
+    /// other: read back as they were listed, not rendered again per file.
+    names: Vec<u8>,
+    /// Each reservation file's IP and where its name starts in `names`, in
+    /// IP order.
+    files: Vec<(IpAddr, usize)>,
 }
 
-impl Networks<'_> {
-    /// Reads the reservation files `files` name, one at a time into one
-    /// reused buffer; only each file's compact [`Reservation`] is kept.
-    fn read(&self, files: &[(u32, IpAddr)], names: &mut Interner) -> StoreScan {
+impl Network {
+    /// Reads the reservation files `files` name (a slice of `self.files`),
+    /// one at a time into one reused buffer; only each file's compact
+    /// [`Reservation`] is kept.
+    fn read(&self, store: &Arc<StoreRef>, files: &[(IpAddr, usize)], names: &mut Interner) -> StoreScan {
         let mut out = StoreScan { reservations: Vec::with_capacity(files.len()), anomalies: Vec::new() };
         let mut scratch = Vec::with_capacity(usize::try_from(MAX_RESERVATION_BYTES).unwrap_or(1024) + 1);
-        // The file name, NUL-terminated: an IPv6 address is at most 45 bytes.
-        let mut name_buf = Vec::with_capacity(64);
-        for &(net, ip) in files {
-            let Some((network, dir)) = self.dirs.get(net as usize) else { continue };
-            name_buf.clear();
-            // Writing to a Vec cannot fail.
-            let _ = write!(name_buf, "{ip}\0");
-            let Ok(c_name) = CStr::from_bytes_with_nul(&name_buf) else { continue };
-            // Kept for as long as the reservation is: allocated at its size.
+        let mut last_ifname: Option<SharedStr> = None;
+        for &(ip, at) in files {
+            let Some(Ok(c_name)) = self.names.get(at..).map(CStr::from_bytes_until_nul) else { continue };
+            // Kept for as long as the reservation is: allocated at its size
+            // (`<data_dir>/<network>/` then the name, as `Path::join` makes it).
             let path = || {
-                let len = self.data_dir.as_os_str().len() + network.len() + c_name.to_bytes().len() + 2;
-                let mut path = PathBuf::with_capacity(len);
-                path.push(self.data_dir);
-                path.push(network.as_str());
-                path.push(OsStr::from_bytes(c_name.to_bytes()));
-                path
+                let name = c_name.to_bytes();
+                let mut path = Vec::with_capacity(self.prefix.len() + name.len());
+                path.extend_from_slice(&self.prefix);
+                path.extend_from_slice(name);
+                PathBuf::from(OsString::from_vec(path))
             };
-            match read_owner_into_c(dir, c_name, &mut scratch) {
-                Ok(Some(((id, ifname), meta))) => out.reservations.push(Reservation::from(ReservationData {
-                    store: Arc::clone(self.store),
-                    network: network.clone(),
-                    ip,
-                    container_id: names.intern(id),
-                    ifname: ifname.map(|i| names.intern(i)),
-                    created_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                    path: path(),
-                    inode: meta.ino(),
-                })),
+            match read_owner_into_c(&self.dir, c_name, &mut scratch) {
+                Ok(Some(((id, ifname), meta))) => {
+                    // A network's files mostly name one interface: the last
+                    // one is tried before the interner.
+                    let ifname = ifname.map(|i| match &last_ifname {
+                        Some(last) if last.as_str() == i => last.clone(),
+                        _ => last_ifname.insert(names.intern(i)).clone(),
+                    });
+                    out.reservations.push(Reservation::from(ReservationData {
+                        store: Arc::clone(store),
+                        network: self.name.clone(),
+                        ip,
+                        container_id: names.intern(id),
+                        ifname,
+                        created_at: meta.modified(),
+                        path: path(),
+                        inode: meta.ino(),
+                    }));
+                }
                 // Released by the plugin between listing and reading.
                 Ok(None) => {}
                 Err((kind, detail)) => {
-                    out.anomalies.push(Anomaly::new(self.store, Some(network), &path(), kind, detail));
+                    out.anomalies.push(Anomaly::new(store, Some(&self.name), &path(), kind, detail));
                 }
             }
         }
         out
     }
+}
 
-    /// [`Networks::read`] on up to [`SCAN_THREADS`] threads, each on its
-    /// own share of the files: a scan is mostly syscalls (open, fstat,
-    /// read, close), which run in parallel. Container IDs are then made to
-    /// share one allocation across the shares.
-    fn read_parallel(&self, files: &[(u32, IpAddr)], names: &mut Interner) -> StoreScan {
-        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(SCAN_THREADS);
-        if threads < 2 || files.len() < PARALLEL_SCAN_MIN_FILES {
-            return self.read(files, names);
-        }
-        let (first, rest) = files.split_at(files.len() / 2);
-        let (mut out, other) = std::thread::scope(|s| {
-            let helper = std::thread::Builder::new().name("netreap-scan".into()).spawn_scoped(s, || {
-                let mut names = Interner::new();
-                self.read(rest, &mut names)
-            });
-            let out = self.read(first, names);
-            // A thread that cannot be started or that panicked: its share
-            // is read here (a scan is never cut short).
-            let other = match helper.map(std::thread::ScopedJoinHandle::join) {
-                Ok(Ok(other)) => other,
-                _ => self.read(rest, names),
-            };
-            (out, other)
+/// Runs `work` for every index in `0..n`, on this thread and, when
+/// `parallel`, on one helper thread: this thread takes indices from the
+/// front, the helper from the back, until they meet. So neither waits for
+/// the other (one held up by the node leaves the rest to the other), and
+/// each mostly reads its own networks. The results come in index order,
+/// each with whether the helper made it (and so with the helper's state).
+/// A helper that cannot start or that panics leaves its indices to this
+/// thread: a scan is never cut short.
+fn two_ended<S, T: Send>(
+    n: usize,
+    parallel: bool,
+    state: &mut S,
+    helper_state: impl FnOnce() -> S + Send,
+    work: impl Fn(usize, &mut S) -> T + Sync,
+) -> Vec<(T, bool)> {
+    let left = Mutex::new(0..n);
+    let take = |front: bool| {
+        let mut left = left.lock().unwrap_or_else(PoisonError::into_inner);
+        if front { left.next() } else { left.next_back() }
+    };
+    let mut slots: Vec<Option<(T, bool)>> = std::iter::repeat_with(|| None).take(n).collect();
+    std::thread::scope(|s| {
+        let helper = parallel.then(|| {
+            std::thread::Builder::new().name("netreap-scan".into()).spawn_scoped(s, || {
+                let mut state = helper_state();
+                let mut done = Vec::new();
+                while let Some(i) = take(false) {
+                    done.push((i, work(i, &mut state)));
+                }
+                done
+            })
         });
-        out.reservations.extend(other.reservations.into_iter().map(|mut r| {
-            if let Some(same) = names.get(&r.container_id)
-                && !SharedStr::ptr_eq(&same, &r.container_id)
-            {
-                r.container_id = same;
+        while let Some(i) = take(true) {
+            if let Some(slot) = slots.get_mut(i) {
+                *slot = Some((work(i, state), false));
             }
-            r
-        }));
-        out.anomalies.extend(other.anomalies);
-        out
-    }
+        }
+        if let Some(Ok(helper)) = helper
+            && let Ok(done) = helper.join()
+        {
+            for (i, t) in done {
+                if let Some(slot) = slots.get_mut(i) {
+                    *slot = Some((t, true));
+                }
+            }
+        }
+    });
+    slots.into_iter().enumerate().map(|(i, slot)| slot.unwrap_or_else(|| (work(i, state), false))).collect()
 }
 
 /// Most threads a scan uses: the agent shares the node with its pods.
 const SCAN_THREADS: usize = 2;
 /// Below this many files a second thread costs more than it saves.
 const PARALLEL_SCAN_MIN_FILES: usize = 1024;
+/// Files per share of the reading: small enough that the two threads end
+/// together, large enough that taking a share costs nothing.
+const SCAN_CHUNK: usize = 1024;
+/// Directory bytes (as `st_size` gives them: ext4 and xfs count blocks,
+/// tmpfs about 20 per entry) from which networks are listed on two threads.
+const PARALLEL_LIST_MIN_BYTES: u64 = 64 * 1024;
+
+fn scan_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(SCAN_THREADS)
+}
 
 impl ReservationStore for HostLocalStore {
     fn store_ref(&self) -> StoreRef {
@@ -372,7 +422,6 @@ impl ReservationStore for HostLocalStore {
 
     fn scan(&self) -> StoreScan {
         let store = Arc::new(self.store_ref());
-        let mut names = Interner::new();
         let mut out = StoreScan::default();
         let root = &self.data_dir;
         let entries = match fs::read_dir(root) {
@@ -384,8 +433,8 @@ impl ReservationStore for HostLocalStore {
                 return out;
             }
         };
-        let mut networks = Networks { store: &store, data_dir: root, dirs: Vec::new() };
-        let mut files = Vec::new();
+        let mut networks = Vec::new();
+        let mut dir_bytes = 0_u64;
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
@@ -402,10 +451,9 @@ impl ReservationStore for HostLocalStore {
             };
             match entry.file_type() {
                 Ok(t) if t.is_dir() => {
-                    let net = u32::try_from(networks.dirs.len()).unwrap_or(u32::MAX);
-                    if let Some(dir) = self.list_network(&store, &name, net, &mut files, &mut out.anomalies) {
-                        networks.dirs.push((names.intern(&name), dir));
-                    }
+                    // Only to choose one thread or two: never a check.
+                    dir_bytes = dir_bytes.saturating_add(entry.metadata().map_or(0, |m| m.len()));
+                    networks.push(name);
                 }
                 Ok(t) if t.is_symlink() => {
                     let detail = "a symlink where a network directory was expected; never followed";
@@ -418,17 +466,60 @@ impl ReservationStore for HostLocalStore {
                 Err(e) => out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Unreadable, e.to_string())),
             }
         }
-        // By network, then IP: the order the result is sorted in, and a
-        // cheap sort here (the network is an index) makes that one a no-op.
-        let mut by_name: Vec<usize> = (0..networks.dirs.len()).collect();
-        by_name.sort_unstable_by(|&a, &b| networks.dirs[a].0.cmp(&networks.dirs[b].0));
-        let mut rank = vec![0_u32; by_name.len()];
-        for (r, &net) in by_name.iter().enumerate() {
-            rank[net] = u32::try_from(r).unwrap_or(u32::MAX);
+        // By name, then IP: the order the result is sorted in, which makes
+        // that sort a no-op.
+        networks.sort_unstable();
+        let threads = scan_threads();
+        let list_parallel = threads >= 2 && networks.len() >= 2 && dir_bytes >= PARALLEL_LIST_MIN_BYTES;
+        let listed = two_ended(
+            networks.len(),
+            list_parallel,
+            &mut (),
+            || (),
+            |i, ()| networks.get(i).map_or((None, Vec::new()), |name| self.list_network(&store, name)),
+        );
+        let mut opened = Vec::with_capacity(listed.len());
+        for ((network, anomalies), _) in listed {
+            out.anomalies.extend(anomalies);
+            opened.extend(network);
         }
-        files.sort_unstable_by_key(|&(net, ip)| (rank[net as usize], ip));
-        out.extend(networks.read_parallel(&files, &mut names));
-        drop(files);
+        drop(networks);
+
+        // The reading in shares of at most SCAN_CHUNK files of one network.
+        let shares: Vec<(usize, Range<usize>)> = opened
+            .iter()
+            .enumerate()
+            .flat_map(|(net, n)| {
+                (0..n.files.len()).step_by(SCAN_CHUNK).map(move |at| (net, at..(at + SCAN_CHUNK).min(n.files.len())))
+            })
+            .collect();
+        let files: usize = opened.iter().map(|n| n.files.len()).sum();
+        let read_parallel = threads >= 2 && files >= PARALLEL_SCAN_MIN_FILES;
+        let mut names = Interner::new();
+        let read = two_ended(shares.len(), read_parallel, &mut names, Interner::new, |i, names| {
+            let Some((network, files)) = shares.get(i).and_then(|(net, range)| {
+                let network = opened.get(*net)?;
+                Some((network, network.files.get(range.clone())?))
+            }) else {
+                return StoreScan::default();
+            };
+            network.read(&store, files, names)
+        });
+        out.reservations.reserve(files);
+        for (share, by_helper) in read {
+            // Container IDs the helper interned are made to share this
+            // thread's allocation.
+            out.reservations.extend(share.reservations.into_iter().map(|mut r| {
+                if by_helper
+                    && let Some(same) = names.get(&r.container_id)
+                    && !SharedStr::ptr_eq(&same, &r.container_id)
+                {
+                    r.container_id = same;
+                }
+                r
+            }));
+            out.anomalies.extend(share.anomalies);
+        }
         out.reservations.sort_by(|a, b| (&a.network, a.ip).cmp(&(&b.network, b.ip)));
         out.anomalies.sort_by(|a, b| a.path.cmp(&b.path));
         out
@@ -466,6 +557,41 @@ mod tests {
         assert_eq!(parse_owner(&[0xff, 0xfe]).unwrap_err().0, AnomalyKind::BinaryContent);
         assert_eq!(parse_owner(b"a b").unwrap_err().0, AnomalyKind::MalformedContent);
         assert_eq!(parse_owner(b"abc\r\neth0\r\nx").unwrap_err().0, AnomalyKind::MalformedContent);
+    }
+
+    /// The owner parsing as it was written first (`split_once`, `chars`):
+    /// the byte-wise one must agree with it on any content.
+    fn parse_owner_reference(content: &[u8]) -> Result<(&str, Option<&str>), AnomalyKind> {
+        let text = std::str::from_utf8(content).map_err(|_| AnomalyKind::BinaryContent)?;
+        if !text.chars().all(|c| !c.is_control() || c == '\r' || c == '\n' || c == '\t') {
+            return Err(AnomalyKind::BinaryContent);
+        }
+        let trimmed = text.trim();
+        if trimmed.is_empty() {
+            return Err(AnomalyKind::EmptyContent);
+        }
+        let (id, ifname) = match trimmed.split_once(LINE_BREAK) {
+            Some((id, ifname)) => (id, Some(ifname)),
+            None => (trimmed, None),
+        };
+        let token_ok = |s: &str| !s.is_empty() && !s.chars().any(char::is_whitespace);
+        if !token_ok(id) || ifname.is_some_and(|i| !token_ok(i)) {
+            return Err(AnomalyKind::MalformedContent);
+        }
+        Ok((id, ifname))
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn owner_parsing_agrees_with_the_reference(parts in proptest::collection::vec(0_usize..16, 0..24)) {
+            const PIECES: [&[u8]; 16] = [
+                b"abc", b"0f", b"\r\n", b"\r", b"\n", b" ", b"\t", b"\x0b", b"\x0c", b"\0", b"\x7f",
+                "\u{85}".as_bytes(), "\u{a0}".as_bytes(), "\u{2003}".as_bytes(), "\u{e9}".as_bytes(), b"\xff",
+            ];
+            let content: Vec<u8> = parts.iter().flat_map(|&p| PIECES[p].iter().copied()).collect();
+            let got = parse_owner_parts(&content).map_err(|(kind, _)| kind);
+            proptest::prop_assert_eq!(got, parse_owner_reference(&content));
+        }
     }
 
     #[test]
@@ -568,6 +694,56 @@ mod tests {
                 format!("UnparsableName {}", p("nrS-a", "010.200.0.7")),
             ]
         );
+    }
+
+    #[test]
+    fn a_name_that_is_not_utf8_is_reported_by_its_bytes() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let net = tmp.path().join("net1");
+        fs::create_dir(&net).unwrap();
+        fs::write(net.join("10.0.0.2"), "c1\r\neth0").unwrap();
+        fs::write(net.join(OsStr::from_bytes(b"10.0.0.\xff")), "c2\r\neth0").unwrap();
+        let scan = HostLocalStore::new(tmp.path()).scan();
+        assert_eq!(scan.reservations.len(), 1);
+        assert_eq!(scan.anomalies.len(), 1);
+        assert_eq!(scan.anomalies[0].kind, AnomalyKind::UnparsableName);
+        assert_eq!(scan.anomalies[0].path, net.join(OsStr::from_bytes(b"10.0.0.\xff")).to_string_lossy());
+    }
+
+    #[test]
+    fn two_ended_work_is_done_once_in_order_even_when_the_helper_fails() {
+        let on_helper = || std::thread::current().name() == Some("netreap-scan");
+        for parallel in [false, true] {
+            let got = two_ended(
+                100,
+                parallel,
+                &mut 0_u32,
+                || 0_u32,
+                |i, calls| {
+                    *calls += 1;
+                    i * 2
+                },
+            );
+            assert_eq!(got.iter().map(|(t, _)| *t).collect::<Vec<_>>(), (0..100).map(|i| i * 2).collect::<Vec<_>>());
+            if !parallel {
+                assert!(got.iter().all(|(_, by_helper)| !by_helper));
+            }
+        }
+        // A helper that panics on its first index: everything still done,
+        // by this thread.
+        let got = two_ended(
+            50,
+            true,
+            &mut (),
+            || (),
+            |i, ()| {
+                assert!(!on_helper(), "the helper fails");
+                i
+            },
+        );
+        assert_eq!(got.iter().map(|(t, _)| *t).collect::<Vec<_>>(), (0..50).collect::<Vec<_>>());
+        assert!(got.iter().all(|(_, by_helper)| !by_helper));
     }
 
     #[test]

@@ -252,5 +252,10 @@ pub fn scan_all(stores: &[&dyn ReservationStore]) -> StoreScan {
 /// Text a person can read: printable, no control bytes. Shared by the
 /// stores to tell text from binary content.
 pub(crate) fn is_printable_text(s: &str) -> bool {
+    // ASCII (what the stores write) byte by byte: the same test, since the
+    // ASCII control characters are exactly U+0000..U+001F and U+007F.
+    if s.is_ascii() {
+        return s.bytes().all(|b| !b.is_ascii_control() || matches!(b, b'\r' | b'\n' | b'\t'));
+    }
     s.chars().all(|c| !c.is_control() || c == '\r' || c == '\n' || c == '\t')
 }

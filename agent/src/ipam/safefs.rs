@@ -9,12 +9,12 @@ use std::{
     fs::{File, Metadata},
     io::{self, Read as _},
     os::{
-        fd::{AsRawFd, FromRawFd, OwnedFd},
+        fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd},
         unix::{ffi::OsStrExt, fs::MetadataExt},
     },
     path::Path,
     sync::atomic::{AtomicBool, Ordering},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 /// A directory opened without following a symlink in its last component.
@@ -100,6 +100,46 @@ impl Dir {
         Ok(File::from(fd))
     }
 
+    /// Lists this directory through its own descriptor (what is listed is
+    /// the directory opened without following a symlink, not whatever the
+    /// path names by now), calling `each` with every name but `.` and `..`,
+    /// NUL-terminated, with no allocation per entry. An error stops the
+    /// listing; the names already given stay given.
+    pub fn for_each_name(&self, mut each: impl FnMut(&CStr)) -> io::Result<()> {
+        // fdopendir takes over the descriptor it is given: a duplicate,
+        // which shares the directory offset, so it is rewound first.
+        // SAFETY: a valid open descriptor; the result is checked.
+        let dup = fd_or_error(unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) })?;
+        // SAFETY: a valid directory descriptor; on success the stream owns it.
+        let stream = unsafe { libc::fdopendir(dup.as_raw_fd()) };
+        if stream.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        // The stream owns the descriptor now: closedir closes it.
+        let _owned_by_stream = dup.into_raw_fd();
+        let stream = DirStream(stream);
+        // SAFETY: a valid open stream.
+        unsafe { libc::rewinddir(stream.0) };
+        loop {
+            // readdir returns NULL both at the end and on error; only errno
+            // tells them apart.
+            // SAFETY: errno is this thread's.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: a valid open stream, read by this thread only.
+            let entry = unsafe { libc::readdir(stream.0) };
+            if entry.is_null() {
+                let err = io::Error::last_os_error();
+                return if err.raw_os_error() == Some(0) { Ok(()) } else { Err(err) };
+            }
+            // SAFETY: the entry readdir returned holds a NUL-terminated name
+            // and stays valid until the next readdir on this stream.
+            let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+            if !matches!(name.to_bytes(), b"." | b"..") {
+                each(name);
+            }
+        }
+    }
+
     /// Opens (creating it if needed, as host-local does) the lock file
     /// `name`: `O_CREAT|O_RDONLY`, mode 0750 like go-filemutex, no symlink.
     pub fn open_lock(&self, name: &str) -> io::Result<File> {
@@ -135,6 +175,18 @@ impl Dir {
     }
 }
 
+/// A directory stream from fdopendir(3), closed with its descriptor when
+/// dropped.
+struct DirStream(*mut libc::DIR);
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        // SAFETY: a stream fdopendir returned, closed once (with the
+        // descriptor it took over).
+        unsafe { libc::closedir(self.0) };
+    }
+}
+
 /// What a bounded read found.
 #[derive(Debug)]
 pub enum Bounded {
@@ -150,19 +202,115 @@ pub enum Bounded {
 /// descriptor, so nothing can be swapped in between) that it is a regular file.
 pub fn read_bounded(dir: &Dir, name: &str, limit: u64) -> io::Result<Bounded> {
     let mut buf = Vec::new();
-    Ok(match read_bounded_into(dir, name, limit, &mut buf)? {
+    Ok(match read_bounded_into::<Metadata>(dir, name, limit, &mut buf)? {
         Read::Content(meta) => Bounded::Content(buf, meta),
         Read::NotRegular(meta) => Bounded::NotRegular(meta),
         Read::TooLarge(meta) => Bounded::TooLarge(meta),
     })
 }
 
+/// A file's status as taken from its open descriptor: std's [`Metadata`],
+/// or the smaller [`FileMeta`] a scan of many files keeps.
+pub trait FileStatus: Sized {
+    /// The status of the file `file` is open on (fstat(2) or statx(2)).
+    fn of(file: &File) -> io::Result<Self>;
+    /// `st_mode`: type and permission bits.
+    fn st_mode(&self) -> u32;
+    /// `st_size` in bytes.
+    fn st_size(&self) -> u64;
+
+    /// A regular file (`S_IFREG`).
+    fn is_regular(&self) -> bool {
+        self.st_mode() & libc::S_IFMT == libc::S_IFREG
+    }
+
+    /// A directory (`S_IFDIR`).
+    fn is_directory(&self) -> bool {
+        self.st_mode() & libc::S_IFMT == libc::S_IFDIR
+    }
+}
+
+impl FileStatus for Metadata {
+    fn of(file: &File) -> io::Result<Self> {
+        file.metadata()
+    }
+
+    fn st_mode(&self) -> u32 {
+        self.mode()
+    }
+
+    fn st_size(&self) -> u64 {
+        self.size()
+    }
+}
+
+/// What a scan keeps of a file's status, from one plain fstat(2) on the
+/// open descriptor. std's `File::metadata` asks statx(2) for every field
+/// and carries them all; a scan of 100k files needs these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileMeta {
+    mode: u32,
+    size: u64,
+    ino: u64,
+    mtime_sec: i64,
+    mtime_nsec: i64,
+}
+
+impl FileMeta {
+    #[must_use]
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// The modification time, equal to what std's `Metadata::modified`
+    /// gives for the same file (a release compares the two).
+    #[must_use]
+    pub fn modified(&self) -> SystemTime {
+        let nsec = u32::try_from(self.mtime_nsec).ok().filter(|n| *n < 1_000_000_000).unwrap_or(0);
+        let whole = Duration::from_secs(self.mtime_sec.unsigned_abs());
+        let at = if self.mtime_sec >= 0 {
+            SystemTime::UNIX_EPOCH.checked_add(whole)
+        } else {
+            SystemTime::UNIX_EPOCH.checked_sub(whole)
+        };
+        at.and_then(|t| t.checked_add(Duration::from_nanos(u64::from(nsec)))).unwrap_or(SystemTime::UNIX_EPOCH)
+    }
+}
+
+impl FileStatus for FileMeta {
+    fn of(file: &File) -> io::Result<Self> {
+        let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // SAFETY: a valid open descriptor and a buffer of the right type;
+        // the kernel fills it entirely when the call succeeds.
+        if unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fstat succeeded, so `st` is initialised.
+        let st = unsafe { st.assume_init() };
+        Ok(Self {
+            mode: st.st_mode,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            ino: st.st_ino,
+            mtime_sec: st.st_mtime,
+            mtime_nsec: st.st_mtime_nsec,
+        })
+    }
+
+    fn st_mode(&self) -> u32 {
+        self.mode
+    }
+
+    fn st_size(&self) -> u64 {
+        self.size
+    }
+}
+
 /// What [`read_bounded_into`] found; the content is in the caller's buffer.
 #[derive(Debug)]
-pub enum Read {
-    Content(Metadata),
-    NotRegular(Metadata),
-    TooLarge(Metadata),
+pub enum Read<M = Metadata> {
+    Content(M),
+    NotRegular(M),
+    TooLarge(M),
 }
 
 /// [`read_bounded`] into a buffer the caller reuses from file to file (a
@@ -170,27 +318,32 @@ pub enum Read {
 /// Three syscalls for a small file: open, fstat, one read. A regular file
 /// that returns fewer bytes than asked is at its end, so a read that
 /// returned exactly the size fstat gave needs no second read to see EOF.
-pub fn read_bounded_into(dir: &Dir, name: &str, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
-    read_file_bounded(dir.open_read(name)?, limit, buf)
+pub fn read_bounded_into<M: FileStatus>(dir: &Dir, name: &str, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read<M>> {
+    read_file_bounded(&mut dir.open_read(name)?, limit, buf)
 }
 
 /// [`read_bounded_into`] with a NUL-terminated name: no allocation at all.
-pub fn read_bounded_into_c(dir: &Dir, name: &CStr, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
-    read_file_bounded(dir.open_read_c(name)?, limit, buf)
+pub fn read_bounded_into_c<M: FileStatus>(
+    dir: &Dir,
+    name: &CStr,
+    limit: u64,
+    buf: &mut Vec<u8>,
+) -> io::Result<Read<M>> {
+    read_file_bounded(&mut dir.open_read_c(name)?, limit, buf)
 }
 
-fn read_file_bounded(mut file: File, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
-    let meta = file.metadata()?;
-    if !meta.is_file() {
+fn read_file_bounded<M: FileStatus>(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read<M>> {
+    let meta = M::of(file)?;
+    if !meta.is_regular() {
         return Ok(Read::NotRegular(meta));
     }
-    if meta.size() > limit {
+    if meta.st_size() > limit {
         return Ok(Read::TooLarge(meta));
     }
     buf.clear();
     // One byte more than the limit tells a file that grew after fstat.
     let want = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
-    let expected = usize::try_from(meta.size()).unwrap_or(usize::MAX);
+    let expected = usize::try_from(meta.st_size()).unwrap_or(usize::MAX);
     buf.reserve(expected.saturating_add(1).min(want));
     loop {
         let len = buf.len();
@@ -332,10 +485,42 @@ mod tests {
         let before = atime_ns(&file);
         let dir = Dir::open(tmp.path()).unwrap();
         let mut buf = Vec::new();
-        let read = read_bounded_into(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap();
+        let read = read_bounded_into::<FileMeta>(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap();
         assert!(matches!(read, Read::Content(_)));
         assert_eq!(buf, b"c1\r\neth0");
         assert_eq!(atime_ns(&file), before, "the read stamped the access time");
+    }
+
+    #[test]
+    fn the_compact_status_agrees_with_std() {
+        // A release compares the scan's inode and mtime (FileMeta) with
+        // what std reads at release time: they must be equal, before 1970
+        // and with nanoseconds too.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Dir::open(tmp.path()).unwrap();
+        for (sec, nsec) in [(1_700_000_000, 123_456_789), (0, 0), (-5, 300), (-1_000_000, 999_999_999)] {
+            let file = tmp.path().join("nrS-10.0.0.2");
+            fs::write(&file, "c1\r\neth0").unwrap();
+            let c = CString::new(file.as_os_str().as_bytes()).unwrap();
+            let t = libc::timespec { tv_sec: sec, tv_nsec: nsec };
+            // SAFETY: a valid path and two valid timespecs (atime, mtime).
+            assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) }, 0);
+            let mut buf = Vec::new();
+            let Read::Content(meta) = read_bounded_into::<FileMeta>(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap()
+            else {
+                panic!("a regular file");
+            };
+            let std_meta = fs::symlink_metadata(&file).unwrap();
+            assert_eq!(meta.modified(), std_meta.modified().unwrap(), "mtime {sec}.{nsec}");
+            assert_eq!(meta.ino(), std_meta.ino());
+            assert_eq!(meta.st_size(), std_meta.len());
+            assert_eq!(meta.st_mode(), std_meta.mode());
+            assert!(meta.is_regular() && !meta.is_directory());
+        }
+        fs::create_dir(tmp.path().join("nrS-d")).unwrap();
+        let mut buf = Vec::new();
+        let read = read_bounded_into::<FileMeta>(&dir, "nrS-d", 1024, &mut buf).unwrap();
+        assert!(matches!(read, Read::NotRegular(m) if m.is_directory()));
     }
 
     #[test]
@@ -358,7 +543,8 @@ mod tests {
             let mut out = Vec::new();
             for name in ["nrS-a", "nrS-b"] {
                 let mut buf = Vec::new();
-                let read = read_bounded_into(&dir, name, 1024, &mut buf).map(|r| matches!(r, Read::Content(_)));
+                let read =
+                    read_bounded_into::<Metadata>(&dir, name, 1024, &mut buf).map(|r| matches!(r, Read::Content(_)));
                 out.push((read.map_err(|e| e.to_string()), buf));
             }
             (out, dir.noatime.load(Ordering::Relaxed))
