@@ -339,7 +339,7 @@ fn release_parts(agent: &Agent, state_dir: &Path, kernel_at: &HashMap<String, Sy
             Some((l["id"].as_str()?, (ip, parse_time(&l["at"])?)))
         })
         .collect();
-    let names = ["intent_fsync_us", "lock_us", "reread_us", "look_us", "unlink_us", "dir_fsync_us"];
+    let names = ["intent_fsync_us", "intent_wait_us", "lock_us", "reread_us", "look_us", "unlink_us", "dir_fsync_us"];
     let mut timed: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     let (mut receive, mut decide_v) = (Vec::new(), Vec::new());
     for l in lines.iter().filter(|l| l["record"] == "outcome" && l["outcome"]["result"] == "released") {
@@ -851,7 +851,8 @@ fn table(items: &BTreeMap<String, Value>) -> String {
         let parts = [
             ("netlink_receive", "netlink receive (plain listener -> agent's death time)"),
             ("decide_to_intent", "decide (death -> batch intent written)"),
-            ("intent_fsync", "journal fsync (intents; outcomes: same kind)"),
+            ("intent_fsync", "journal fsync (intents, beside lock + look; outcomes: same kind)"),
+            ("intent_wait", "the unlink's wait for the intents' fsync"),
             ("lock", "lock (open + flock)"),
             ("reread", "re-read + compare"),
             ("look", "last look (under the lock)"),

@@ -15,8 +15,9 @@ use std::{
 };
 
 use super::{
+    durable::Durable,
     lastlook::{LastLook, LookFound, Sighting},
-    outcome::{Outcome, ReleaseTimings},
+    outcome::{Outcome, ReleaseTimings, micros},
 };
 use crate::ipam::{
     AnomalyKind, Owner, Reservation, StoreRef,
@@ -96,11 +97,6 @@ fn kept_by(found: &LookFound) -> Outcome {
     Outcome::LastLookKept { ip_configured: matches!(found, LookFound::IpConfigured { .. }), found: found.to_string() }
 }
 
-/// Micro-seconds since `t`, for [`ReleaseTimings`].
-fn micros(t: Instant) -> u64 {
-    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
-}
-
 /// Releases a group of files of one network directory: the plugin's lock
 /// is taken once and held across the group; under it, one last look (taken
 /// when the first file passes its re-read) serves every file, and each file
@@ -114,6 +110,7 @@ pub(crate) fn release_group(
     look: &mut dyn LastLook,
     lock_timeout: Duration,
     dry_run: bool,
+    durable: &mut Durable<'_>,
 ) -> Vec<(Outcome, ReleaseTimings)> {
     let all = |outcome: Outcome| files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
     let dir = match open_dir(network_dir) {
@@ -175,7 +172,11 @@ pub(crate) fn release_group(
             match found {
                 Some(found) => kept_by(&found),
                 None if dry_run => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
-                None => {
+                None => 'unlink: {
+                    // The batch's intents must be on disk first.
+                    if let Err(why) = durable.wait() {
+                        break 'unlink Outcome::Failed { error: why };
+                    }
                     let unlink = Instant::now();
                     let outcome = match dir.unlink(&f.name) {
                         Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },

@@ -54,6 +54,10 @@ pub enum JournalError {
     Encode(#[from] serde_json::Error),
     #[error("journal has no pending intent {0}")]
     UnknownIntent(String),
+    /// The thread syncing a batch's intents panicked: they may not be on
+    /// disk, so nothing of the batch is acted on.
+    #[error("the thread syncing the journal's intents panicked")]
+    SyncPanicked,
 }
 
 /// "About to release this, for these reasons."
@@ -178,6 +182,29 @@ fn new_id(at: SystemTime) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let ns = at.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
     format!("{ns:x}-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Intents written but maybe not yet on disk ([`Journal::write_intents`]);
+/// [`UnsyncedIntents::sync`] can run on another thread.
+#[derive(Debug)]
+pub struct UnsyncedIntents {
+    /// The journal's file, a second descriptor of it.
+    file: File,
+    path: PathBuf,
+}
+
+impl UnsyncedIntents {
+    /// Makes the intents durable (fdatasync).
+    pub fn sync(&self) -> Result<(), JournalError> {
+        self.file.sync_data().map_err(io_err(&self.path))
+    }
+
+    /// Intents whose sync fails (EINVAL: a pipe cannot be synced).
+    #[cfg(test)]
+    pub(crate) fn failing() -> Self {
+        let (reader, _) = io::pipe().expect("pipe");
+        Self { file: File::from(std::os::fd::OwnedFd::from(reader)), path: PathBuf::from("pipe") }
+    }
 }
 
 impl Journal {
@@ -326,9 +353,28 @@ impl Journal {
 
     /// Records the intents to act on each verdict, with one fsync for all.
     pub fn record_intents(&mut self, verdicts: &[&Verdict], dry_run: bool) -> Result<Vec<Intent>, JournalError> {
+        let (intents, unsynced) = self.write_intents(verdicts, dry_run)?;
+        if let Err(e) = unsynced.sync() {
+            self.forget_intents(&intents);
+            return Err(e);
+        }
+        self.rotate_if_full();
+        Ok(intents)
+    }
+
+    /// Writes the intents to act on each verdict without waiting for the
+    /// disk, so the caller can take locks and look while the fsync runs
+    /// (`Releaser`). Nothing may change in a store before
+    /// [`UnsyncedIntents::sync`] returns; when it fails, the caller gives
+    /// the intents back with [`Journal::forget_intents`]. The journal is not
+    /// rotated here: the outcomes' write does it.
+    pub fn write_intents(
+        &mut self,
+        verdicts: &[&Verdict],
+        dry_run: bool,
+    ) -> Result<(Vec<Intent>, UnsyncedIntents), JournalError> {
         let at = SystemTime::now();
         let batch = new_id(at);
-        // Pending before the write: a rotation right after it carries them.
         let before = self.pending.len();
         self.pending.extend(verdicts.iter().enumerate().map(|(n, v)| Intent {
             id: format!("{batch}-{n}"),
@@ -336,12 +382,11 @@ impl Journal {
             dry_run,
             verdict: (*v).clone(),
         }));
-        let (file, path) = (&self.file, &self.path);
-        let written = write_lines(file, self.pending[before..].iter().map(RecordOut::Intent));
-        let result = match written {
+        let path = &self.path;
+        let synced = match write_lines(&self.file, self.pending[before..].iter().map(RecordOut::Intent)) {
             Ok(bytes) => {
                 self.size += bytes;
-                self.file.sync_data().map_err(io_err(path))
+                self.file.try_clone().map_err(io_err(path))
             }
             Err((e, bytes)) => {
                 self.size += bytes;
@@ -351,13 +396,18 @@ impl Journal {
                 })
             }
         };
-        if let Err(e) = result {
-            self.pending.truncate(before);
-            return Err(e);
+        match synced {
+            Ok(file) => Ok((self.pending[before..].to_vec(), UnsyncedIntents { file, path: path.clone() })),
+            Err(e) => {
+                self.pending.truncate(before);
+                Err(e)
+            }
         }
-        let intents = self.pending[before..].to_vec();
-        self.rotate_if_full();
-        Ok(intents)
+    }
+
+    /// Takes back intents whose fsync failed: they were never acted on.
+    pub fn forget_intents(&mut self, intents: &[Intent]) {
+        self.pending.retain(|p| !intents.iter().any(|i| i.id == p.id));
     }
 
     /// Records what became of each intent, with one fsync for all.

@@ -11,6 +11,7 @@
 
 pub mod addrtable;
 mod cache;
+mod durable;
 mod hostlocal;
 pub mod journal;
 pub mod lastlook;
@@ -26,6 +27,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use self::{durable::Durable, outcome::micros};
 pub use self::{
     journal::{DEFAULT_STATE_DIR, Intent, Journal, JournalError},
     outcome::{Outcome, ReleaseTimings},
@@ -130,50 +132,57 @@ impl Releaser {
     /// refused without touching the journal or a store. Errors only when the
     /// journal cannot be written (then nothing more is done).
     pub fn release(&mut self, verdict: &Verdict) -> Result<ReleaseRecord, ReleaseError> {
-        let dry_run = self.config.dry_run;
-        let refused = |reason: String| ReleaseRecord {
-            intent_id: None,
-            dry_run,
-            verdict: verdict.clone(),
-            outcome: Outcome::Refused { reason },
-            reverified: None,
-        };
         if verdict.status != Status::Orphaned {
-            return Ok(refused(format!("verdict is {}, not orphaned", verdict.status)));
+            return Ok(ReleaseRecord {
+                intent_id: None,
+                dry_run: self.config.dry_run,
+                verdict: verdict.clone(),
+                outcome: Outcome::Refused { reason: format!("verdict is {}, not orphaned", verdict.status) },
+                reverified: None,
+            });
         }
-        if let Err(reason) = hostlocal::reservation_file(&verdict.reservation, &self.config.host_local_dirs) {
-            return Ok(refused(reason));
-        }
-        let fsync = std::time::Instant::now();
-        let intent = self.journal.record_intent(verdict, dry_run)?;
-        let intent_fsync_us = micros(fsync);
-        if self.config.abort_after_intent {
-            std::process::abort();
-        }
-        let (outcome, mut timings) = self.execute_timed(&verdict.reservation, dry_run);
-        timings.intent_fsync_us = intent_fsync_us;
-        self.journal.record_timed_outcomes(&[(intent.id.as_str(), &outcome, Some(timings))])?;
-        log_outcome(&verdict.reservation, &outcome, dry_run);
-        Ok(ReleaseRecord { intent_id: Some(intent.id), dry_run, verdict: verdict.clone(), outcome, reverified: None })
+        let mut records = self.release_batch(&[verdict], None)?;
+        Ok(records.pop().unwrap_or_else(|| ReleaseRecord {
+            intent_id: None,
+            dry_run: self.config.dry_run,
+            verdict: verdict.clone(),
+            outcome: Outcome::Failed { error: "no outcome".into() },
+            reverified: None,
+        }))
     }
 
     /// Releases every orphaned verdict; the others are skipped silently.
-    /// `verdicts` is a whole scan: the batch is crash-safe like single
-    /// releases (every intent is durable before the first unlink, every
-    /// unlink before its outcome) with three fsyncs per batch instead of
-    /// three per release, and which other IPs an attachment still holds (to
-    /// keep its cache entry) is read from the scan instead of the disk.
-    /// Each network's lock is taken once for its group of files, with one
-    /// last look under it (`hostlocal::release_group`).
+    /// `verdicts` is a whole scan: which other IPs an attachment still
+    /// holds (to keep its cache entry) is read from the scan instead of the
+    /// disk. Crash-safe like single releases (every intent is durable
+    /// before the first store change, every unlink before its outcome),
+    /// with three fsyncs per batch instead of three per release. Each
+    /// network's lock is taken once for its group of files, with one last
+    /// look under it (`hostlocal::release_group`).
     pub fn release_orphaned(&mut self, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
         let orphans: Vec<&Verdict> = verdicts.iter().filter(|v| v.is_orphaned()).collect();
-        if orphans.len() <= 1 {
-            return orphans.into_iter().map(|v| self.release(v)).collect();
+        match orphans.len() {
+            0 => Ok(Vec::new()),
+            // One alone: the attachment's other IPs are read from the store.
+            1 => self.release_batch(&orphans, None),
+            _ => self.release_batch(&orphans, Some(verdicts)),
         }
+    }
+
+    /// Releases `orphans` (all orphaned): refuses those outside the
+    /// configured dirs, journals the intents of the rest, and acts on them
+    /// network by network while the intents' fsync runs beside ([`Durable`]:
+    /// no store changes before it is done). `scan`: the whole scan, to know
+    /// an attachment's other IPs; None reads them from the store.
+    fn release_batch(
+        &mut self,
+        orphans: &[&Verdict],
+        scan: Option<&[Verdict]>,
+    ) -> Result<Vec<ReleaseRecord>, ReleaseError> {
         let dry_run = self.config.dry_run;
         let mut records = Vec::with_capacity(orphans.len());
         let mut accepted = Vec::with_capacity(orphans.len());
-        for v in orphans {
+        for &v in orphans {
             match hostlocal::reservation_file(&v.reservation, &self.config.host_local_dirs) {
                 Ok(file) => accepted.push((v, file)),
                 Err(reason) => records.push(ReleaseRecord {
@@ -185,16 +194,66 @@ impl Releaser {
                 }),
             }
         }
-        let fsync = std::time::Instant::now();
+        if accepted.is_empty() {
+            return Ok(records);
+        }
         let chosen: Vec<&Verdict> = accepted.iter().map(|(v, _)| *v).collect();
-        let intents = self.journal.record_intents(&chosen, dry_run)?;
-        let intent_fsync_us = micros(fsync);
+        let (intents, unsynced) = self.journal.write_intents(&chosen, dry_run)?;
         if self.config.abort_after_intent {
+            // The crash test: the intents durable, no store touched.
+            unsynced.sync()?;
             std::process::abort();
         }
+        let (results, synced) = std::thread::scope(|scope| {
+            let mut durable = Durable::start(scope, unsynced);
+            let results = self.act_on(&accepted, scan, &mut durable);
+            (results, durable.finish())
+        });
+        let synced = match synced {
+            Ok(synced) => synced,
+            Err(e) => {
+                // Nothing was changed (every store change waited for this).
+                self.journal.forget_intents(&intents);
+                return Err(e.into());
+            }
+        };
+        let results: Vec<(Outcome, ReleaseTimings)> = results
+            .into_iter()
+            .map(|(outcome, timings)| {
+                (
+                    outcome,
+                    ReleaseTimings { intent_fsync_us: synced.fsync_us, intent_wait_us: synced.waited_us, ..timings },
+                )
+            })
+            .collect();
+        let timed: Vec<(&str, &Outcome, Option<ReleaseTimings>)> =
+            intents.iter().zip(&results).map(|(i, (o, t))| (i.id.as_str(), o, Some(*t))).collect();
+        self.journal.record_timed_outcomes(&timed)?;
+        for ((intent, (v, _)), (outcome, _)) in intents.into_iter().zip(accepted).zip(results) {
+            log_outcome(&v.reservation, &outcome, dry_run);
+            records.push(ReleaseRecord {
+                intent_id: Some(intent.id),
+                dry_run,
+                verdict: v.clone(),
+                outcome,
+                reverified: None,
+            });
+        }
+        Ok(records)
+    }
+
+    /// The store work of a journaled batch, network by network; outcomes
+    /// in the order of `accepted`.
+    fn act_on(
+        &mut self,
+        accepted: &[(&Verdict, hostlocal::ReservationFile)],
+        scan: Option<&[Verdict]>,
+        durable: &mut Durable<'_>,
+    ) -> Vec<(Outcome, ReleaseTimings)> {
+        let dry_run = self.config.dry_run;
         // Each attachment's IPs as the scan saw them; released ones leave.
         let mut held: HashMap<(&Path, &str), Vec<&Reservation>> = HashMap::new();
-        for v in verdicts {
+        for v in scan.unwrap_or_default() {
             held.entry((v.reservation.path.parent().unwrap_or(Path::new("")), v.reservation.container_id.as_str()))
                 .or_default()
                 .push(&v.reservation);
@@ -212,7 +271,8 @@ impl Releaser {
         for (dir, members) in &groups {
             let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
                 members.iter().map(|&i| (&accepted[i].0.reservation, &accepted[i].1)).collect();
-            let mut outcomes = hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run);
+            let mut outcomes =
+                hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable);
             if !dry_run && outcomes.iter().any(|(o, _)| o.released()) {
                 let sync = std::time::Instant::now();
                 hostlocal::sync_network_dir(dir);
@@ -221,47 +281,33 @@ impl Releaser {
                     t.dir_fsync_us = dir_fsync_us;
                 }
             }
-            for (&i, (outcome, mut timings)) in members.iter().zip(outcomes) {
-                timings.intent_fsync_us = intent_fsync_us;
+            for (&i, (outcome, timings)) in members.iter().zip(outcomes) {
                 let (v, file) = &accepted[i];
                 let r = &v.reservation;
                 let attachment = (file.network_dir.as_path(), r.container_id.as_str());
-                let others: Vec<IpAddr> = held
-                    .get(&attachment)
-                    .into_iter()
-                    .flatten()
-                    .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
-                    .map(|o| o.ip)
-                    .collect();
-                let outcome = self.with_cache(r, file, outcome, dry_run, Some(others));
+                let others: Option<Vec<IpAddr>> = scan.map(|_| {
+                    held.get(&attachment)
+                        .into_iter()
+                        .flatten()
+                        .filter(|o| o.ip != r.ip && (o.ifname.is_none() || r.ifname.is_none() || o.ifname == r.ifname))
+                        .map(|o| o.ip)
+                        .collect()
+                });
+                let outcome = self.with_cache(r, file, outcome, dry_run, others, durable);
                 if outcome.released()
                     && let Some(list) = held.get_mut(&attachment)
                 {
                     list.retain(|o| o.ip != r.ip);
                 }
-                log_outcome(r, &outcome, dry_run);
                 results[i] = Some((outcome, timings));
             }
         }
-        let results: Vec<(Outcome, ReleaseTimings)> = results
+        results
             .into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| (Outcome::Failed { error: "not attempted".into() }, ReleaseTimings::default()))
             })
-            .collect();
-        let timed: Vec<(&str, &Outcome, Option<ReleaseTimings>)> =
-            intents.iter().zip(&results).map(|(i, (o, t))| (i.id.as_str(), o, Some(*t))).collect();
-        self.journal.record_timed_outcomes(&timed)?;
-        for ((intent, (v, _)), (outcome, _)) in intents.into_iter().zip(accepted).zip(results) {
-            records.push(ReleaseRecord {
-                intent_id: Some(intent.id),
-                dry_run,
-                verdict: v.clone(),
-                outcome,
-                reverified: None,
-            });
-        }
-        Ok(records)
+            .collect()
     }
 
     /// Settles the intents an earlier run left without outcome. Each is
@@ -306,29 +352,31 @@ impl Releaser {
         Ok(records)
     }
 
-    /// The store work for one reservation: its file under the plugin's
-    /// lock (a group of one, the directory fsync'd), then the cache entry.
+    /// The store work for one reservation whose intent is already durable
+    /// (recovery): its file under the plugin's lock (a group of one, the
+    /// directory fsync'd), then the cache entry.
     fn execute(&mut self, r: &Reservation, dry_run: bool) -> Outcome {
-        self.execute_timed(r, dry_run).0
-    }
-
-    /// [`Releaser::execute`], with how long its parts took.
-    fn execute_timed(&mut self, r: &Reservation, dry_run: bool) -> (Outcome, ReleaseTimings) {
         let file = match hostlocal::reservation_file(r, &self.config.host_local_dirs) {
             Ok(file) => file,
-            Err(reason) => return (Outcome::Refused { reason }, ReleaseTimings::default()),
+            Err(reason) => return Outcome::Refused { reason },
         };
         let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
-        let (outcome, mut timings) =
-            hostlocal::release_group(&file.network_dir, &[(r, &file)], self.look.as_mut(), lock_timeout, dry_run)
-                .pop()
-                .unwrap_or_else(|| (Outcome::Failed { error: "no outcome".into() }, ReleaseTimings::default()));
+        let mut durable = Durable::already();
+        let files = [(r, &file)];
+        let outcome = hostlocal::release_group(
+            &file.network_dir,
+            &files,
+            self.look.as_mut(),
+            lock_timeout,
+            dry_run,
+            &mut durable,
+        )
+        .pop()
+        .map_or_else(|| Outcome::Failed { error: "no outcome".into() }, |(outcome, _)| outcome);
         if !dry_run && outcome.released() {
-            let sync = std::time::Instant::now();
             hostlocal::sync_network_dir(&file.network_dir);
-            timings.dir_fsync_us = micros(sync);
         }
-        (self.with_cache(r, &file, outcome, dry_run, None), timings)
+        self.with_cache(r, &file, outcome, dry_run, None, &mut durable)
     }
 
     /// The libcni cache entry of a released (or already gone) reservation.
@@ -341,6 +389,7 @@ impl Releaser {
         mut outcome: Outcome,
         dry_run: bool,
         still_held: Option<Vec<IpAddr>>,
+        durable: &mut Durable<'_>,
     ) -> Outcome {
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.
@@ -367,6 +416,7 @@ impl Releaser {
                 *cache_entries = entries.into_iter().map(|a| a.path).collect();
                 *cache_notes = notes;
             }
+            // Released: the unlink already waited for the intents.
             Outcome::Released { cache_entries_removed, cache_notes } => {
                 let (removed, more) = cache::remove(cache_dir, &entries);
                 notes.extend(more);
@@ -374,6 +424,9 @@ impl Releaser {
                 *cache_notes = notes;
             }
             Outcome::AlreadyGone if !dry_run => {
+                if let Err(why) = durable.wait() {
+                    return Outcome::Failed { error: why };
+                }
                 let (removed, more) = cache::remove(cache_dir, &entries);
                 notes.extend(more);
                 if !removed.is_empty() {
@@ -387,11 +440,6 @@ impl Releaser {
         }
         outcome
     }
-}
-
-/// Micro-seconds since `t`.
-fn micros(t: std::time::Instant) -> u64 {
-    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 /// At debug: the agent logs each release once where it reports it (its

@@ -12,9 +12,15 @@ use crate::{engine::Status, ipam::AnomalyKind};
 /// are given to each of its releases; a part not reached is 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseTimings {
-    /// The write and fdatasync of the batch's intents (the outcomes' write
-    /// is the same kind, after the unlinks).
+    /// The fdatasync of the batch's intents (the outcomes' write is the
+    /// same kind, after the unlinks). It runs beside the lock, the re-read
+    /// and the last look; see `intent_wait_us`.
     pub intent_fsync_us: u64,
+    /// How long the first store change of the batch waited for that fsync:
+    /// the part of it the release path still pays. (Journals before it
+    /// existed read 0.)
+    #[serde(default)]
+    pub intent_wait_us: u64,
     /// Opening the network's lock and waiting for it.
     pub lock_us: u64,
     /// Re-reading the file and comparing owner, inode and mtime.
@@ -24,6 +30,11 @@ pub struct ReleaseTimings {
     pub unlink_us: u64,
     /// fsync of the network directory after the group's unlinks.
     pub dir_fsync_us: u64,
+}
+
+/// Micro-seconds since `t`, for [`ReleaseTimings`].
+pub(crate) fn micros(t: std::time::Instant) -> u64 {
+    u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
