@@ -472,53 +472,14 @@ impl KernelLook {
         Ok(seen)
     }
 
-    /// Two walkers share the pids when there are this many: each pid
-    /// costs two readlinks (about 3 us each on a small VM), and the whole
-    /// look waits for the walk.
-    const SHARED_WALK_PIDS: usize = 48;
-
     /// Walks /proc: the CNI plugins running now (into `seen`), and the
     /// netns of processes the model does not know, opened now.
     fn walk_proc(&self, seen: &mut Sighting) -> Result<Vec<Unknown>, String> {
-        let proc_dir = ProcDir::open(&self.proc_root).map_err(|e| format!("{}: {e}", self.proc_root.display()))?;
-        let pids = proc_dir.pids().map_err(|e| format!("{}: {e}", self.proc_root.display()))?;
-        let half = if pids.len() >= Self::SHARED_WALK_PIDS { pids.len() / 2 } else { pids.len() };
-        let (first, second) = pids.split_at(half);
-        let (mine, theirs) = std::thread::scope(|scope| {
-            let other = (!second.is_empty()).then(|| scope.spawn(|| self.walk_pids(&proc_dir, second)));
-            (self.walk_pids(&proc_dir, first), other.map(std::thread::ScopedJoinHandle::join))
-        });
-        let mut found = mine;
-        match theirs {
-            None => {}
-            Some(Ok(more)) => found.extend(more),
-            // Half of /proc unwalked: the look cannot be trusted.
-            Some(Err(_)) => return Err("the second /proc walker panicked".into()),
-        }
-        let mut looked: HashSet<u64> = HashSet::with_capacity(found.len());
-        let mut unknown = Vec::new();
-        for walked in found {
-            match walked {
-                Walked::Running(cid, pid) => {
-                    seen.running.insert(cid, pid);
-                }
-                // Both walkers may have opened one netns: one fd is enough.
-                Walked::Netns(u) => {
-                    if looked.insert(u.inode) {
-                        unknown.push(u);
-                    }
-                }
-            }
-        }
-        Ok(unknown)
-    }
-
-    /// [`KernelLook::walk_proc`] over some of the pids.
-    fn walk_pids(&self, proc_dir: &ProcDir, pids: &[u32]) -> Vec<Walked> {
-        let mut found: Vec<Walked> = Vec::new();
+        let mut found: Vec<Unknown> = Vec::new();
         let mut looked: HashSet<u64> = HashSet::new();
+        let proc_dir = ProcDir::open(&self.proc_root).map_err(|e| format!("{}: {e}", self.proc_root.display()))?;
         let mut exe = [0u8; 4096];
-        for &pid in pids {
+        for pid in proc_dir.pids().map_err(|e| format!("{}: {e}", self.proc_root.display()))? {
             let Some(inode) = proc_dir.netns_inode(pid) else { continue }; // exited
             // Opened now; its inode is checked again on the fd (the process
             // may have exited and its pid been reused).
@@ -527,15 +488,15 @@ impl KernelLook {
                 && let Some(fd) = proc_dir.open_netns(pid, inode)
             {
                 looked.insert(inode);
-                found.push(Walked::Netns(Unknown { inode, fd, found: Found::Process(pid) }));
+                found.push(Unknown { inode, fd, found: Found::Process(pid) });
             }
             if proc_dir.exe(pid, &mut exe).is_some_and(|e| self.cni_bin_dirs.iter().any(|d| e.starts_with(d)))
                 && let Some(cid) = proc_dir.container_id(pid)
             {
-                found.push(Walked::Running(cid, pid));
+                seen.running.insert(cid, pid);
             }
         }
-        found
+        Ok(found)
     }
 
     /// netreap's own netns (the host's, with hostNetwork), the model's, any
@@ -598,13 +559,6 @@ struct Unknown {
     inode: u64,
     fd: OwnedFd,
     found: Found,
-}
-
-/// What a /proc walker found: a netns the model does not know, or a CNI
-/// plugin running (its CNI_CONTAINERID and pid).
-enum Walked {
-    Netns(Unknown),
-    Running(String, u32),
 }
 
 enum Found {
