@@ -462,6 +462,16 @@ fn overhead() -> Value {
 /// them (ifname netN), so 10,000 pods; 3 % of pods dead (their netns seen to
 /// die), the rest live with their addresses and cache bindings, every ADD
 /// seen by the probes. The observations the agent would hand the engine.
+/// Writes every dirty page back (sync), in seconds. On a node the files
+/// were written by ADDs over hours; the bench's are seconds old, so the
+/// scan is not measured while the kernel writes back 100k new inodes.
+fn write_back() -> f64 {
+    let t = Instant::now();
+    // SAFETY: sync has no preconditions.
+    unsafe { libc::sync() };
+    t.elapsed().as_secs_f64()
+}
+
 fn scale(scratch: &Path) -> Value {
     let pods = SCALE_FILES / SCALE_NETWORKS;
     let dead_every = 33; // ~3 %
@@ -486,13 +496,7 @@ fn scale(scratch: &Path) -> Value {
         std::fs::write(dir.join("lock"), "").expect("lock");
     }
     let create_s = created.elapsed().as_secs_f64();
-    // On a node the files were written by ADDs over hours; here they are
-    // seconds old. Written back first, so the scan below is not measured
-    // while the kernel writes back 100k new inodes beside it.
-    let synced = Instant::now();
-    // SAFETY: sync has no preconditions.
-    unsafe { libc::sync() };
-    let writeback_s = synced.elapsed().as_secs_f64();
+    let writeback_s = write_back();
 
     let mut obs = Observations { watching_since: Some(t_file - Duration::from_mins(1)), ..Observations::default() };
     for pod in 0..pods {

@@ -177,8 +177,12 @@ pub fn reread(candidates: &[Reservation]) -> Vec<Reservation> {
 }
 
 /// `old` as its file is now.
-fn refreshed(old: &Reservation, container_id: &str, ifname: Option<&str>, meta: &std::fs::Metadata) -> Reservation {
-    use std::os::unix::fs::MetadataExt as _;
+fn refreshed(
+    old: &Reservation,
+    container_id: &str,
+    ifname: Option<&str>,
+    meta: &crate::ipam::safefs::FileMeta,
+) -> Reservation {
     let mut r = old.clone();
     if r.container_id.as_str() != container_id {
         r.container_id = container_id.into();
@@ -186,7 +190,7 @@ fn refreshed(old: &Reservation, container_id: &str, ifname: Option<&str>, meta: 
     if r.ifname.as_deref() != ifname {
         r.ifname = ifname.map(SharedStr::from);
     }
-    let created_at = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+    let created_at = meta.modified();
     if r.created_at != created_at || r.inode != meta.ino() {
         r.created_at = created_at;
         r.inode = meta.ino();

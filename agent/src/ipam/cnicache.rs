@@ -162,13 +162,13 @@ pub(crate) fn read_entry(
     let (bytes, meta) = match safefs::read_bounded(dir, name, MAX_CACHE_BYTES) {
         Ok(Bounded::Content(bytes, meta)) => (bytes, meta),
         Ok(Bounded::NotRegular(meta)) => {
-            let kind = if meta.is_dir() { AnomalyKind::Directory } else { AnomalyKind::NotRegularFile };
+            let kind = if meta.is_directory() { AnomalyKind::Directory } else { AnomalyKind::NotRegularFile };
             return Err((kind, "not a regular file".into()));
         }
         Ok(Bounded::TooLarge(meta)) => {
             return Err((
                 AnomalyKind::Oversized,
-                format!("{} bytes, over the {MAX_CACHE_BYTES}-byte limit", meta.size()),
+                format!("{} bytes, over the {MAX_CACHE_BYTES}-byte limit", meta.len()),
             ));
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -185,7 +185,7 @@ pub(crate) fn read_entry(
         ifname: raw.ifname,
         netns: raw.netns,
         ips: raw.ips,
-        written_at: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+        written_at: meta.modified(),
         inode: meta.ino(),
     }))
 }

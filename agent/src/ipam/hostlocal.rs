@@ -17,7 +17,7 @@ use std::{
 use super::{
     Anomaly, AnomalyKind, Owner, Reservation, ReservationData, ReservationStore, StoreRef, StoreScan,
     is_printable_text,
-    safefs::{self, Dir, FileMeta, FileStatus},
+    safefs::{self, Dir, FileMeta},
     shared::{Interner, SharedStr},
 };
 
@@ -146,7 +146,7 @@ fn holds_whitespace(s: &str) -> bool {
 /// The result of reading one reservation file.
 #[derive(Debug)]
 pub(crate) enum ReadOwner {
-    Owner(Owner, fs::Metadata),
+    Owner(Owner, FileMeta),
     /// No such file (any more).
     Gone,
     Anomaly(AnomalyKind, String),
@@ -166,9 +166,8 @@ pub(crate) fn read_owner(dir: &Dir, name: &str) -> ReadOwner {
 }
 
 /// The owner a reservation file names, borrowed from `scratch`
-/// (container ID, ifname), with the file's status (`M`: std's metadata for
-/// a single file, the compact [`FileMeta`] in a scan).
-type OwnerParts<'b, M = fs::Metadata> = ((&'b str, Option<&'b str>), M);
+/// (container ID, ifname), with the file's status.
+type OwnerParts<'b> = ((&'b str, Option<&'b str>), FileMeta);
 
 /// [`read_owner`] into a buffer reused from file to file. `Ok(None)`: the
 /// file is gone.
@@ -181,22 +180,19 @@ fn read_owner_into<'b>(
 }
 
 /// What a bounded read of a reservation file says of its owner.
-fn owner_of<M: FileStatus>(
-    read: io::Result<safefs::Read<M>>,
-    scratch: &[u8],
-) -> Result<Option<OwnerParts<'_, M>>, (AnomalyKind, String)> {
+fn owner_of(read: io::Result<safefs::Read>, scratch: &[u8]) -> Result<Option<OwnerParts<'_>>, (AnomalyKind, String)> {
     match read {
         Ok(safefs::Read::Content(meta)) => parse_owner_parts(scratch).map(|parts| Some((parts, meta))),
         Ok(safefs::Read::NotRegular(meta)) => {
             if meta.is_directory() {
                 Err((AnomalyKind::Directory, "a directory named as an IP".into()))
             } else {
-                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.st_mode())))
+                Err((AnomalyKind::NotRegularFile, format!("not a regular file (mode {:o})", meta.mode())))
             }
         }
         Ok(safefs::Read::TooLarge(meta)) => Err((
             AnomalyKind::Oversized,
-            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.st_size()),
+            format!("{} bytes, more than the {MAX_RESERVATION_BYTES} any reservation holds", meta.len()),
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
@@ -206,13 +202,12 @@ fn owner_of<M: FileStatus>(
     }
 }
 
-/// [`read_owner_into`] with a NUL-terminated name (no allocation) and the
-/// compact status a scan keeps.
+/// [`read_owner_into`] with a NUL-terminated name (no allocation).
 fn read_owner_into_c<'b>(
     dir: &Dir,
     name: &CStr,
     scratch: &'b mut Vec<u8>,
-) -> Result<Option<OwnerParts<'b, FileMeta>>, (AnomalyKind, String)> {
+) -> Result<Option<OwnerParts<'b>>, (AnomalyKind, String)> {
     owner_of(safefs::read_bounded_into_c(dir, name, MAX_RESERVATION_BYTES, scratch), scratch)
 }
 

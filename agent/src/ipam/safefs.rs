@@ -6,7 +6,7 @@
 
 use std::{
     ffi::{CStr, CString},
-    fs::{File, Metadata},
+    fs::File,
     io::{self, Read as _},
     os::{
         fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd},
@@ -191,62 +191,28 @@ impl Drop for DirStream {
 #[derive(Debug)]
 pub enum Bounded {
     /// The whole content, at most `limit` bytes.
-    Content(Vec<u8>, Metadata),
+    Content(Vec<u8>, FileMeta),
     /// Not a regular file (FIFO, socket, device, directory).
-    NotRegular(Metadata),
+    NotRegular(FileMeta),
     /// Larger than the limit; nothing was read.
-    TooLarge(Metadata),
+    TooLarge(FileMeta),
 }
 
 /// Reads `name` in `dir`, at most `limit` bytes, after checking (on the open
 /// descriptor, so nothing can be swapped in between) that it is a regular file.
 pub fn read_bounded(dir: &Dir, name: &str, limit: u64) -> io::Result<Bounded> {
     let mut buf = Vec::new();
-    Ok(match read_bounded_into::<Metadata>(dir, name, limit, &mut buf)? {
+    Ok(match read_bounded_into(dir, name, limit, &mut buf)? {
         Read::Content(meta) => Bounded::Content(buf, meta),
         Read::NotRegular(meta) => Bounded::NotRegular(meta),
         Read::TooLarge(meta) => Bounded::TooLarge(meta),
     })
 }
 
-/// A file's status as taken from its open descriptor: std's [`Metadata`],
-/// or the smaller [`FileMeta`] a scan of many files keeps.
-pub trait FileStatus: Sized {
-    /// The status of the file `file` is open on (fstat(2) or statx(2)).
-    fn of(file: &File) -> io::Result<Self>;
-    /// `st_mode`: type and permission bits.
-    fn st_mode(&self) -> u32;
-    /// `st_size` in bytes.
-    fn st_size(&self) -> u64;
-
-    /// A regular file (`S_IFREG`).
-    fn is_regular(&self) -> bool {
-        self.st_mode() & libc::S_IFMT == libc::S_IFREG
-    }
-
-    /// A directory (`S_IFDIR`).
-    fn is_directory(&self) -> bool {
-        self.st_mode() & libc::S_IFMT == libc::S_IFDIR
-    }
-}
-
-impl FileStatus for Metadata {
-    fn of(file: &File) -> io::Result<Self> {
-        file.metadata()
-    }
-
-    fn st_mode(&self) -> u32 {
-        self.mode()
-    }
-
-    fn st_size(&self) -> u64 {
-        self.size()
-    }
-}
-
-/// What a scan keeps of a file's status, from one plain fstat(2) on the
-/// open descriptor. std's `File::metadata` asks statx(2) for every field
-/// and carries them all; a scan of 100k files needs these.
+/// What is kept of a file's status, from one plain fstat(2) on the open
+/// descriptor. std's `File::metadata` asks statx(2) for every field and
+/// carries them all; a scan of 100k files needs these, and a release
+/// compares the same (inode, mtime) it re-reads with what the scan kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileMeta {
     mode: u32,
@@ -257,28 +223,8 @@ pub struct FileMeta {
 }
 
 impl FileMeta {
-    #[must_use]
-    pub fn ino(&self) -> u64 {
-        self.ino
-    }
-
-    /// The modification time, equal to what std's `Metadata::modified`
-    /// gives for the same file (a release compares the two).
-    #[must_use]
-    pub fn modified(&self) -> SystemTime {
-        let nsec = u32::try_from(self.mtime_nsec).ok().filter(|n| *n < 1_000_000_000).unwrap_or(0);
-        let whole = Duration::from_secs(self.mtime_sec.unsigned_abs());
-        let at = if self.mtime_sec >= 0 {
-            SystemTime::UNIX_EPOCH.checked_add(whole)
-        } else {
-            SystemTime::UNIX_EPOCH.checked_sub(whole)
-        };
-        at.and_then(|t| t.checked_add(Duration::from_nanos(u64::from(nsec)))).unwrap_or(SystemTime::UNIX_EPOCH)
-    }
-}
-
-impl FileStatus for FileMeta {
-    fn of(file: &File) -> io::Result<Self> {
+    /// The status of the file `file` is open on.
+    pub fn of(file: &File) -> io::Result<Self> {
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
         // SAFETY: a valid open descriptor and a buffer of the right type;
         // the kernel fills it entirely when the call succeeds.
@@ -296,21 +242,56 @@ impl FileStatus for FileMeta {
         })
     }
 
-    fn st_mode(&self) -> u32 {
+    #[must_use]
+    pub fn ino(&self) -> u64 {
+        self.ino
+    }
+
+    /// `st_mode`: type and permission bits.
+    #[must_use]
+    pub fn mode(&self) -> u32 {
         self.mode
     }
 
-    fn st_size(&self) -> u64 {
+    /// `st_size` in bytes.
+    #[must_use]
+    pub fn len(&self) -> u64 {
         self.size
+    }
+
+    /// A regular file (`S_IFREG`).
+    #[must_use]
+    pub fn is_regular(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    /// A directory (`S_IFDIR`).
+    #[must_use]
+    pub fn is_directory(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// The modification time, equal to what std's `Metadata::modified`
+    /// gives for the same file (a release compares the two).
+    #[must_use]
+    pub fn modified(&self) -> SystemTime {
+        let nsec = u32::try_from(self.mtime_nsec).ok().filter(|n| *n < 1_000_000_000).unwrap_or(0);
+        let whole = Duration::from_secs(self.mtime_sec.unsigned_abs());
+        let at = if self.mtime_sec >= 0 {
+            SystemTime::UNIX_EPOCH.checked_add(whole)
+        } else {
+            SystemTime::UNIX_EPOCH.checked_sub(whole)
+        };
+        at.and_then(|t| t.checked_add(Duration::from_nanos(u64::from(nsec)))).unwrap_or(SystemTime::UNIX_EPOCH)
     }
 }
 
 /// What [`read_bounded_into`] found; the content is in the caller's buffer.
 #[derive(Debug)]
-pub enum Read<M = Metadata> {
-    Content(M),
-    NotRegular(M),
-    TooLarge(M),
+pub enum Read {
+    Content(FileMeta),
+    NotRegular(FileMeta),
+    TooLarge(FileMeta),
 }
 
 /// [`read_bounded`] into a buffer the caller reuses from file to file (a
@@ -318,32 +299,27 @@ pub enum Read<M = Metadata> {
 /// Three syscalls for a small file: open, fstat, one read. A regular file
 /// that returns fewer bytes than asked is at its end, so a read that
 /// returned exactly the size fstat gave needs no second read to see EOF.
-pub fn read_bounded_into<M: FileStatus>(dir: &Dir, name: &str, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read<M>> {
+pub fn read_bounded_into(dir: &Dir, name: &str, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
     read_file_bounded(&mut dir.open_read(name)?, limit, buf)
 }
 
 /// [`read_bounded_into`] with a NUL-terminated name: no allocation at all.
-pub fn read_bounded_into_c<M: FileStatus>(
-    dir: &Dir,
-    name: &CStr,
-    limit: u64,
-    buf: &mut Vec<u8>,
-) -> io::Result<Read<M>> {
+pub fn read_bounded_into_c(dir: &Dir, name: &CStr, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
     read_file_bounded(&mut dir.open_read_c(name)?, limit, buf)
 }
 
-fn read_file_bounded<M: FileStatus>(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read<M>> {
-    let meta = M::of(file)?;
+fn read_file_bounded(file: &mut File, limit: u64, buf: &mut Vec<u8>) -> io::Result<Read> {
+    let meta = FileMeta::of(file)?;
     if !meta.is_regular() {
         return Ok(Read::NotRegular(meta));
     }
-    if meta.st_size() > limit {
+    if meta.len() > limit {
         return Ok(Read::TooLarge(meta));
     }
     buf.clear();
     // One byte more than the limit tells a file that grew after fstat.
     let want = usize::try_from(limit.saturating_add(1)).unwrap_or(usize::MAX);
-    let expected = usize::try_from(meta.st_size()).unwrap_or(usize::MAX);
+    let expected = usize::try_from(meta.len()).unwrap_or(usize::MAX);
     buf.reserve(expected.saturating_add(1).min(want));
     loop {
         let len = buf.len();
@@ -485,7 +461,7 @@ mod tests {
         let before = atime_ns(&file);
         let dir = Dir::open(tmp.path()).unwrap();
         let mut buf = Vec::new();
-        let read = read_bounded_into::<FileMeta>(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap();
+        let read = read_bounded_into(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap();
         assert!(matches!(read, Read::Content(_)));
         assert_eq!(buf, b"c1\r\neth0");
         assert_eq!(atime_ns(&file), before, "the read stamped the access time");
@@ -506,20 +482,19 @@ mod tests {
             // SAFETY: a valid path and two valid timespecs (atime, mtime).
             assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [t, t].as_ptr(), 0) }, 0);
             let mut buf = Vec::new();
-            let Read::Content(meta) = read_bounded_into::<FileMeta>(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap()
-            else {
+            let Read::Content(meta) = read_bounded_into(&dir, "nrS-10.0.0.2", 1024, &mut buf).unwrap() else {
                 panic!("a regular file");
             };
             let std_meta = fs::symlink_metadata(&file).unwrap();
             assert_eq!(meta.modified(), std_meta.modified().unwrap(), "mtime {sec}.{nsec}");
             assert_eq!(meta.ino(), std_meta.ino());
-            assert_eq!(meta.st_size(), std_meta.len());
-            assert_eq!(meta.st_mode(), std_meta.mode());
+            assert_eq!(meta.len(), std_meta.len());
+            assert_eq!(meta.mode(), std_meta.mode());
             assert!(meta.is_regular() && !meta.is_directory());
         }
         fs::create_dir(tmp.path().join("nrS-d")).unwrap();
         let mut buf = Vec::new();
-        let read = read_bounded_into::<FileMeta>(&dir, "nrS-d", 1024, &mut buf).unwrap();
+        let read = read_bounded_into(&dir, "nrS-d", 1024, &mut buf).unwrap();
         assert!(matches!(read, Read::NotRegular(m) if m.is_directory()));
     }
 
@@ -543,8 +518,7 @@ mod tests {
             let mut out = Vec::new();
             for name in ["nrS-a", "nrS-b"] {
                 let mut buf = Vec::new();
-                let read =
-                    read_bounded_into::<Metadata>(&dir, name, 1024, &mut buf).map(|r| matches!(r, Read::Content(_)));
+                let read = read_bounded_into(&dir, name, 1024, &mut buf).map(|r| matches!(r, Read::Content(_)));
                 out.push((read.map_err(|e| e.to_string()), buf));
             }
             (out, dir.noatime.load(Ordering::Relaxed))

@@ -9,7 +9,6 @@
 use std::{
     io,
     net::IpAddr,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -77,14 +76,13 @@ fn check(r: &Reservation, read: ReadOwner) -> Result<(), Outcome> {
         ReadOwner::Owner(owner, _) if owner != r.owner() => Err(Outcome::OwnerChanged { found: owner.to_string() }),
         // Inodes are reused at once on most filesystems: the mtime tells a
         // file re-created for the same owner (host-local never rewrites one).
-        ReadOwner::Owner(_, meta) if meta.ino() != r.inode || meta.modified().ok() != Some(r.created_at) => {
+        ReadOwner::Owner(_, meta) if meta.ino() != r.inode || meta.modified() != r.created_at => {
             Err(Outcome::OwnerChanged {
                 found: format!(
                     "same owner, but a re-created file (inode {}, was {}; mtime {}, was {})",
                     meta.ino(),
                     r.inode,
-                    meta.modified()
-                        .map_or_else(|_| "unknown".into(), |t| humantime::format_rfc3339_nanos(t).to_string()),
+                    humantime::format_rfc3339_nanos(meta.modified()),
                     humantime::format_rfc3339_nanos(r.created_at),
                 ),
             })
