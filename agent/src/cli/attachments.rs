@@ -2,13 +2,12 @@
 //! (container <-> netns <-> CNI operations, failed ones included), read
 //! from its state endpoint.
 
-use std::{
-    io::{Read as _, Write as _},
-    net::{SocketAddr, TcpStream},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::Context as _;
+use http_body_util::{BodyExt as _, Empty};
+use hyper::{Request, StatusCode, header::HOST};
+use hyper_util::rt::TokioIo;
 use netreap::config::{Config, ConfigFlags};
 use serde_json::Value;
 
@@ -21,16 +20,28 @@ pub struct AttachmentsArgs {
     pub json: bool,
 }
 
+/// How long the agent has to answer, connection and document together.
+const STATE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The agent's /state document. A large one is streamed (chunked), so it
+/// is read with hyper's HTTP/1 client, not parsed by hand.
 fn fetch_state(addr: SocketAddr) -> anyhow::Result<Value> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET /state HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response)?;
-    let text = String::from_utf8_lossy(&response);
-    let (head, body) = text.split_once("\r\n\r\n").context("malformed HTTP response")?;
-    anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "state endpoint answered: {}", head.lines().next().unwrap_or(""));
-    Ok(serde_json::from_str(body)?)
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        tokio::time::timeout(STATE_TIMEOUT, async {
+            let stream = tokio::net::TcpStream::connect(addr).await?;
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+            let connection = tokio::spawn(connection);
+            let request = Request::get("/state").header(HOST, addr.to_string()).body(Empty::<bytes::Bytes>::new())?;
+            let response = sender.send_request(request).await?;
+            anyhow::ensure!(response.status() == StatusCode::OK, "state endpoint answered: {}", response.status());
+            let body = response.into_body().collect().await?.to_bytes();
+            connection.abort();
+            Ok(serde_json::from_slice(&body)?)
+        })
+        .await
+        .context("no answer in time")?
+    })
 }
 
 pub fn main(args: &AttachmentsArgs) -> anyhow::Result<()> {
@@ -115,5 +126,41 @@ mod tests {
         assert_eq!(attachments[1]["pod"], "ns/old");
         assert!(attachments[2].get("pod").is_none());
         name_pods(&mut attachments, &Value::Null);
+    }
+
+    /// Answers one request on a loopback listener with `response`.
+    fn serve_once(response: Vec<u8>) -> SocketAddr {
+        use std::io::{Read as _, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut request = [0u8; 1024];
+            let _ = conn.read(&mut request);
+            conn.write_all(&response).unwrap();
+        });
+        addr
+    }
+
+    #[test]
+    fn a_streamed_state_is_read_whole() {
+        // The agent streams a /state over 64 KiB in chunks.
+        let doc = json!({ "attachments": [{ "container_id": "c".repeat(70_000) }] }).to_string();
+        let (first, rest) = doc.split_at(40_000);
+        let mut response =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for chunk in [first, rest] {
+            response.extend(format!("{:x}\r\n{chunk}\r\n", chunk.len()).into_bytes());
+        }
+        response.extend(b"0\r\n\r\n");
+        let state = fetch_state(serve_once(response)).unwrap();
+        assert_eq!(state["attachments"][0]["container_id"].as_str().map(str::len), Some(70_000));
+    }
+
+    #[test]
+    fn an_error_status_is_an_error() {
+        let response = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n".to_vec();
+        let err = fetch_state(serve_once(response)).unwrap_err();
+        assert!(err.to_string().contains("503"), "{err}");
     }
 }
