@@ -18,59 +18,67 @@ type Synced = (Result<(), JournalError>, u64);
 /// Whether the batch's intents are durable yet; see the module's text.
 #[derive(Debug)]
 pub(crate) struct Durable<'scope> {
+    /// The fsync, until it is joined.
     syncing: Option<ScopedJoinHandle<'scope, Synced>>,
-    /// Set once the fsync is joined: Ok, or the error's text for each store
-    /// change refused after it (the error itself goes to the caller).
-    state: Option<Result<(), String>>,
+    /// Once joined: Ok, or the error's text for each store change refused
+    /// after it (the error itself goes to the caller).
+    state: Result<(), String>,
     error: Option<JournalError>,
-    fsync_us: u64,
-    waited_us: u64,
+    timings: DurableTimings,
 }
 
 impl<'scope> Durable<'scope> {
-    /// Starts the fsync of `intents` on a thread of `scope`.
+    /// Starts the fsync of `intents` on a thread of `scope`; when no
+    /// thread can be made, syncs here, before anything else.
     pub(crate) fn start<'env>(scope: &'scope std::thread::Scope<'scope, 'env>, intents: UnsyncedIntents) -> Self {
-        let syncing = scope.spawn(move || {
+        let intents = std::sync::Arc::new(intents);
+        let theirs = std::sync::Arc::clone(&intents);
+        let spawned = std::thread::Builder::new().name("netreap-fsync".into()).spawn_scoped(scope, move || {
             let t = Instant::now();
-            let result = intents.sync();
+            let result = theirs.sync();
             (result, micros(t))
         });
-        Self { syncing: Some(syncing), state: None, error: None, fsync_us: 0, waited_us: 0 }
+        match spawned {
+            Ok(syncing) => Self { syncing: Some(syncing), ..Self::already() },
+            Err(e) => {
+                tracing::debug!("no thread for the journal's fsync ({e}); synced before the lock");
+                let t = Instant::now();
+                let result = intents.sync();
+                let fsync_us = micros(t);
+                Self::settled(result, DurableTimings { fsync_us, waited_us: fsync_us })
+            }
+        }
     }
 
     /// Intents that are already durable (recovery acts on intents an
     /// earlier run wrote).
     pub(crate) fn already() -> Self {
-        Self { syncing: None, state: Some(Ok(())), error: None, fsync_us: 0, waited_us: 0 }
+        Self { syncing: None, state: Ok(()), error: None, timings: DurableTimings::default() }
+    }
+
+    fn settled(result: Result<(), JournalError>, timings: DurableTimings) -> Self {
+        let state = result.as_ref().copied().map_err(|e| format!("the intent is not durable: {e}"));
+        Self { syncing: None, state, error: result.err(), timings }
     }
 
     /// Waits until the intents are on disk. Err: they may not be, and no
     /// store may change (the text says why, for the outcome).
     pub(crate) fn wait(&mut self) -> Result<(), String> {
-        if let Some(state) = &self.state {
-            return state.clone();
+        if let Some(syncing) = self.syncing.take() {
+            let t = Instant::now();
+            let (result, fsync_us) = syncing.join().unwrap_or((Err(JournalError::SyncPanicked), 0));
+            *self = Self::settled(result, DurableTimings { fsync_us, waited_us: micros(t) });
         }
-        let t = Instant::now();
-        let (result, fsync_us) = match self.syncing.take().map(ScopedJoinHandle::join) {
-            Some(Ok(synced)) => synced,
-            Some(Err(_)) => (Err(JournalError::SyncPanicked), 0),
-            None => (Ok(()), 0),
-        };
-        self.waited_us = micros(t);
-        self.fsync_us = fsync_us;
-        let state = result.as_ref().copied().map_err(|e| format!("the intent is not durable: {e}"));
-        self.error = result.err();
-        self.state = Some(state.clone());
-        state
+        self.state.clone()
     }
 
     /// Joins the fsync (when nothing waited for it) and gives its error.
     pub(crate) fn finish(mut self) -> Result<DurableTimings, JournalError> {
-        // The text is kept for outcomes; the error itself is returned here.
+        // The text is for outcomes; the error itself is returned here.
         let _ = self.wait();
         match self.error {
             Some(e) => Err(e),
-            None => Ok(DurableTimings { fsync_us: self.fsync_us, waited_us: self.waited_us }),
+            None => Ok(self.timings),
         }
     }
 }
