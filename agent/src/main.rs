@@ -56,6 +56,24 @@ fn main() -> ExitCode {
     if !matches!(cli.command, Command::Run(_)) {
         logging::init("info");
     }
+    // The commands that only read and print end quietly when their reader
+    // goes away (`netreap attachments | head`), as other Unix tools do,
+    // instead of a panic on the failed write. The agent, a demo and a
+    // release keep Rust's default (SIGPIPE ignored): a closed pipe must not
+    // stop them half-way.
+    if matches!(
+        cli.command,
+        Command::Probes(_)
+            | Command::Sources(_)
+            | Command::Netns(_)
+            | Command::Config(_)
+            | Command::Scan(_)
+            | Command::Attachments(_)
+    ) {
+        // SAFETY: sets SIGPIPE's disposition for the process to the default;
+        // no handler of ours runs.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let result = match cli.command {
         Command::Run(args) => cli::run::main(&args),
         Command::Probes(args) => cli::probes::main(&args),
