@@ -33,7 +33,8 @@ use crate::{
     model::snapshot::{ModelSnapshot, NetnsDeath},
 };
 
-/// Above this many candidate files, they are read on the blocking pool.
+/// Above this many candidate files, they are read on the blocking pool (and
+/// above this many reservations, a death's scan of the stores).
 pub const INLINE_REREAD_LIMIT: usize = 32;
 
 /// The host-local reservations the last full pass found, by container ID and
@@ -46,18 +47,25 @@ pub struct Known {
     /// a CNI run that started before it cannot have written a file the
     /// scan missed.
     pub scanned_since: Option<SystemTime>,
+    len: usize,
 }
 
 impl Known {
     /// What a full pass that started at `started` found.
     #[must_use]
     pub fn new(reservations: &[Reservation], started: SystemTime) -> Self {
-        let mut known = Self { scanned_since: Some(started), ..Self::default() };
+        let mut known = Self { scanned_since: Some(started), len: reservations.len(), ..Self::default() };
         for r in reservations {
             known.by_container.entry(r.container_id.clone()).or_default().push(r.clone());
             known.by_ip.entry(r.ip).or_default().push(r.clone());
         }
         known
+    }
+
+    /// How many reservations the pass found.
+    #[must_use]
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 
     fn of_container(&self, cid: &str) -> &[Reservation] {
