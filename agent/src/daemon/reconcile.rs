@@ -139,9 +139,11 @@ impl Agent {
         );
         let mut candidates = targeted::candidates(&self.known, &containers, &ips);
         let mut concern = concern_of(&containers, &ips, &candidates);
-        let mut obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
+        // The runs alone decide whether the stores are read again: the
+        // observations are built once, for the concern that reading gives.
+        let runs = evidence::cni_ops_in(&self.ledger, Scope::Concerning(&concern));
         let owners: Vec<&str> = concern.containers.iter().map(String::as_str).collect();
-        if targeted::may_have_missed(&obs, &self.known, &owners) {
+        if targeted::may_have_missed(&runs, &self.known, &owners) {
             // What the last full pass found may lack what those runs wrote.
             // Only the stores are read again (after the sources, in the
             // order a full pass reads them): the observations a full pass
@@ -151,8 +153,8 @@ impl Agent {
             self.scan_stores().await?;
             candidates = targeted::candidates(&self.known, &containers, &ips);
             concern = concern_of(&containers, &ips, &candidates);
-            obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
         }
+        let obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
         let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
             targeted::reread(&candidates)
         } else {
