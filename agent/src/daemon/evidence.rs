@@ -333,7 +333,15 @@ impl Scope<'_> {
 pub fn cni_ops_in(ledger: &Ledger, scope: Scope<'_>) -> Vec<CniOp> {
     let mut ops = Vec::new();
     for a in ledger.attachments() {
-        for op in a.operations.iter().filter(|op| scope.wants_run(&a.container_id, op.truncated)) {
+        // Whether a run is wanted depends only on its attachment's container
+        // and on whether the run's ID was cut short: asked once each per
+        // attachment, not once per run (a container runs a plugin chain).
+        let (mut whole, mut cut) = (None, None);
+        let mut wanted = |truncated: bool| {
+            let answer = if truncated { &mut cut } else { &mut whole };
+            *answer.get_or_insert_with(|| scope.wants_run(&a.container_id, truncated))
+        };
+        for op in a.operations.iter().filter(|op| wanted(op.truncated)) {
             ops.push(CniOp {
                 container_id: Some(a.container_id.clone()),
                 container_id_truncated: op.truncated,
@@ -1248,6 +1256,26 @@ mod tests {
                 for n in full.dead.iter().filter(|n| tied(&n.container_ids, &n.addresses)) {
                     prop_assert!(part.dead.contains(n), "{n:?} left out");
                 }
+            }
+
+            /// The runs for a concern are the whole node's runs it wants,
+            /// each asked on its own (as before the answer was kept per
+            /// attachment), in the same order; the unattributed ones always.
+            #[test]
+            fn runs_for_a_concern_are_the_runs_it_wants(
+                (_views, ledger, _cache, _extra) in a_node(),
+                containers in prop::collection::hash_set(0usize..6, 0..4),
+            ) {
+                let concern = Concern {
+                    containers: containers.iter().map(|&c| CIDS[c].to_owned()).collect(),
+                    ips: HashSet::new(),
+                    sandbox_paths: Vec::new(),
+                };
+                let expected: Vec<CniOp> = cni_ops_in(&ledger, Scope::All)
+                    .into_iter()
+                    .filter(|op| op.container_id.as_ref().is_none_or(|id| concern.wants_run(id, op.container_id_truncated)))
+                    .collect();
+                prop_assert_eq!(cni_ops_in(&ledger, Scope::Concerning(&concern)), expected);
             }
         }
     }
