@@ -323,6 +323,51 @@ impl Scope<'_> {
     }
 }
 
+/// The CNI runs of the ledger that observations for `scope` hold
+/// ([`Observations::cni_ops`], in the same order): every run of each
+/// attachment the scope wants a run of, then the runs the kernel could not
+/// attribute (in flight for every container: the engine's wildcard). Apart
+/// from [`observations_in`] so the death path can ask about runs without
+/// building the rest.
+#[must_use]
+pub fn cni_ops_in(ledger: &Ledger, scope: Scope<'_>) -> Vec<CniOp> {
+    let mut ops = Vec::new();
+    for a in ledger.attachments() {
+        // Whether a run is wanted depends only on its attachment's container
+        // and on whether the run's ID was cut short: asked once each per
+        // attachment, not once per run (a container runs a plugin chain).
+        let (mut whole, mut cut) = (None, None);
+        let mut wanted = |truncated: bool| {
+            let answer = if truncated { &mut cut } else { &mut whole };
+            *answer.get_or_insert_with(|| scope.wants_run(&a.container_id, truncated))
+        };
+        for op in a.operations.iter().filter(|op| wanted(op.truncated)) {
+            ops.push(CniOp {
+                container_id: Some(a.container_id.clone()),
+                container_id_truncated: op.truncated,
+                command: op.command.clone(),
+                plugin: op.plugin.clone(),
+                started_at: op.started_at,
+                finished_at: op.finished_at,
+                exit_code: op.exit.as_ref().and_then(|e| e.exit_code),
+            });
+        }
+    }
+    // Runs whose environment was not read to CNI_CONTAINERID.
+    for op in ledger.unattributed_runs() {
+        ops.push(CniOp {
+            container_id: None,
+            container_id_truncated: false,
+            command: op.command.clone(),
+            plugin: op.plugin.clone(),
+            started_at: op.started_at,
+            finished_at: op.finished_at,
+            exit_code: None,
+        });
+    }
+    ops
+}
+
 /// Everything the engine needs, from one model snapshot, the ledger and a
 /// cache scan. `watching_since` is when the probes last started recording
 /// without a gap (None for a one-shot scan that saw no CNI run).
@@ -367,31 +412,8 @@ pub fn observations_in(
                 });
             }
         }
-        for op in a.operations.iter().filter(|op| scope.wants_run(&a.container_id, op.truncated)) {
-            obs.cni_ops.push(CniOp {
-                container_id: Some(a.container_id.clone()),
-                container_id_truncated: op.truncated,
-                command: op.command.clone(),
-                plugin: op.plugin.clone(),
-                started_at: op.started_at,
-                finished_at: op.finished_at,
-                exit_code: op.exit.as_ref().and_then(|e| e.exit_code),
-            });
-        }
     }
-    // Runs whose environment was not read to CNI_CONTAINERID: unknown, so
-    // in flight for every container (the engine's wildcard).
-    for op in ledger.unattributed_runs() {
-        obs.cni_ops.push(CniOp {
-            container_id: None,
-            container_id_truncated: false,
-            command: op.command.clone(),
-            plugin: op.plugin.clone(),
-            started_at: op.started_at,
-            finished_at: op.finished_at,
-            exit_code: None,
-        });
-    }
+    obs.cni_ops = cni_ops_in(ledger, scope);
     for entry in cache.iter().filter(|e| scope.wants_container(&e.container_id)) {
         for (netns, seen_at) in cache_names(entry, &incarnations, ledger, cache_first_seen) {
             obs.bindings.push(Binding {
@@ -1234,6 +1256,26 @@ mod tests {
                 for n in full.dead.iter().filter(|n| tied(&n.container_ids, &n.addresses)) {
                     prop_assert!(part.dead.contains(n), "{n:?} left out");
                 }
+            }
+
+            /// The runs for a concern are the whole node's runs it wants,
+            /// each asked on its own (as before the answer was kept per
+            /// attachment), in the same order; the unattributed ones always.
+            #[test]
+            fn runs_for_a_concern_are_the_runs_it_wants(
+                (_views, ledger, _cache, _extra) in a_node(),
+                containers in prop::collection::hash_set(0usize..6, 0..4),
+            ) {
+                let concern = Concern {
+                    containers: containers.iter().map(|&c| CIDS[c].to_owned()).collect(),
+                    ips: HashSet::new(),
+                    sandbox_paths: Vec::new(),
+                };
+                let expected: Vec<CniOp> = cni_ops_in(&ledger, Scope::All)
+                    .into_iter()
+                    .filter(|op| op.container_id.as_ref().is_none_or(|id| concern.wants_run(id, op.container_id_truncated)))
+                    .collect();
+                prop_assert_eq!(cni_ops_in(&ledger, Scope::Concerning(&concern)), expected);
             }
         }
     }

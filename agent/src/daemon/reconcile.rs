@@ -4,6 +4,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    net::IpAddr,
     path::PathBuf,
     sync::Arc,
     time::{Instant, SystemTime},
@@ -18,11 +19,21 @@ use super::{
 };
 use crate::{
     engine::{Observations, PodRef, Status, Verdict, decide, decide_one},
-    ipam::{Anomaly, ReservationStore, cnicache::CacheScan, scan_all},
+    ipam::{Anomaly, Reservation, ReservationStore, StoreScan, cnicache::CacheScan, scan_all},
     model::snapshot::{ModelSnapshot, NetnsDeath},
     release::{ReleaseError, ReleaseRecord, Releaser, lastlook::KernelLook},
     telemetry::event::ReleaseReason,
 };
+
+/// The reservations a death concerns: its containers and IPs, with those
+/// of the candidate files found for them (a file found by IP names its
+/// owner, whose evidence its verdict reads).
+fn concern_of(containers: &HashSet<String>, ips: &HashSet<IpAddr>, candidates: &[Reservation]) -> Concern {
+    let mut concern = Concern { containers: containers.clone(), ips: ips.clone(), sandbox_paths: Vec::new() };
+    concern.containers.extend(candidates.iter().map(|r| r.container_id.to_string()));
+    concern.ips.extend(candidates.iter().map(|r| r.ip));
+    concern
+}
 
 /// A verdict whose status changed (or that was first seen).
 pub(super) struct Change {
@@ -113,7 +124,8 @@ impl Agent {
     /// the part their verdicts read), hands their orphans to the releaser,
     /// and asks for a full reconcile soon after. When the last full pass may
     /// have missed a reservation of a concerned container (a CNI run of it
-    /// since), it is a full reconcile at once.
+    /// since: every pod's own ADD, under churn), the stores are scanned
+    /// again first, as a full pass would scan them.
     pub(super) async fn reconcile_deaths(&mut self, deaths: &[NetnsDeath]) -> anyhow::Result<()> {
         let started = Instant::now();
         let sources = self.gather().await?;
@@ -125,16 +137,24 @@ impl Agent {
             &self.memory.dead_while_down,
             &keys,
         );
-        let candidates = targeted::candidates(&self.known, &containers, &ips);
-        let mut concern = Concern { containers, ips, sandbox_paths: Vec::new() };
-        concern.containers.extend(candidates.iter().map(|r| r.container_id.to_string()));
-        concern.ips.extend(candidates.iter().map(|r| r.ip));
-        let obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
+        let mut candidates = targeted::candidates(&self.known, &containers, &ips);
+        let mut concern = concern_of(&containers, &ips, &candidates);
+        // The runs alone decide whether the stores are read again: the
+        // observations are built once, for the concern that reading gives.
+        let runs = evidence::cni_ops_in(&self.ledger, Scope::Concerning(&concern));
         let owners: Vec<&str> = concern.containers.iter().map(String::as_str).collect();
-        if targeted::may_have_missed(&obs, &self.known, &owners) {
-            let (obs, observed) = self.observe_all(sources);
-            return self.reconcile_observed(Reason::NetnsDied, started, obs, observed).await;
+        if targeted::may_have_missed(&runs, &self.known, &owners) {
+            // What the last full pass found may lack what those runs wrote.
+            // Only the stores are read again (after the sources, in the
+            // order a full pass reads them): the observations a full pass
+            // would build for the whole node are not needed to judge these
+            // reservations (a verdict reads only its own part of them), and
+            // the full pass follows within a second.
+            self.scan_stores().await?;
+            candidates = targeted::candidates(&self.known, &containers, &ips);
+            concern = concern_of(&containers, &ips, &candidates);
         }
+        let obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
         let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
             targeted::reread(&candidates)
         } else {
@@ -174,14 +194,7 @@ impl Agent {
         obs: Observations,
         observed: Observed,
     ) -> anyhow::Result<Reconciled> {
-        let stores = self.stores.clone();
-        let scan_started = SystemTime::now();
-        let mut scan = tokio::task::spawn_blocking(move || {
-            let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
-            scan_all(&stores)
-        })
-        .await?;
-        self.known = targeted::Known::new(&scan.reservations, scan_started);
+        let mut scan = self.scan_stores().await?;
         let now = SystemTime::now();
         let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         // whereabouts verdicts follow the host-local ones; each store's
@@ -210,6 +223,26 @@ impl Agent {
         let poll = obs.runtime.is_some().then(|| self.runtime_poll());
         let requeue = triggers::next_recheck(&verdicts, now, &self.policy, poll);
         Ok(Reconciled { reason, started, verdicts, changed, new_anomalies, whereabouts, observed, requeue })
+    }
+
+    /// Scans every host-local store and keeps what it found for the death
+    /// path ([`targeted::Known`]). On the blocking pool, unless the last scan
+    /// found few enough reservations to read them here: the hand-off to
+    /// another thread would cost more than the reading.
+    async fn scan_stores(&mut self) -> anyhow::Result<StoreScan> {
+        let stores = self.stores.clone();
+        let scan = move || {
+            let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
+            scan_all(&stores)
+        };
+        let scan_started = SystemTime::now();
+        let scan = if self.known.scanned_since.is_some() && self.known.len() <= targeted::INLINE_REREAD_LIMIT {
+            scan()
+        } else {
+            tokio::task::spawn_blocking(scan).await?
+        };
+        self.known = targeted::Known::new(&scan.reservations, scan_started);
+        Ok(scan)
     }
 
     /// How often a pending verdict is looked at while the runtime answers.

@@ -22,7 +22,7 @@ use std::{
 
 use super::evidence;
 use crate::{
-    engine::{DeadNetns, NetnsId, NetnsName, Observations, observations::same_netns_path},
+    engine::{CniOp, DeadNetns, NetnsId, NetnsName, observations::same_netns_path},
     ipam::{
         Reservation, SharedStr,
         cnicache::CachedAttachment,
@@ -33,7 +33,8 @@ use crate::{
     model::snapshot::{ModelSnapshot, NetnsDeath},
 };
 
-/// Above this many candidate files, they are read on the blocking pool.
+/// Above this many candidate files, they are read on the blocking pool (and
+/// above this many reservations, a death's scan of the stores).
 pub const INLINE_REREAD_LIMIT: usize = 32;
 
 /// The host-local reservations the last full pass found, by container ID and
@@ -46,18 +47,25 @@ pub struct Known {
     /// a CNI run that started before it cannot have written a file the
     /// scan missed.
     pub scanned_since: Option<SystemTime>,
+    len: usize,
 }
 
 impl Known {
     /// What a full pass that started at `started` found.
     #[must_use]
     pub fn new(reservations: &[Reservation], started: SystemTime) -> Self {
-        let mut known = Self { scanned_since: Some(started), ..Self::default() };
+        let mut known = Self { scanned_since: Some(started), len: reservations.len(), ..Self::default() };
         for r in reservations {
             known.by_container.entry(r.container_id.clone()).or_default().push(r.clone());
             known.by_ip.entry(r.ip).or_default().push(r.clone());
         }
         known
+    }
+
+    /// How many reservations the pass found.
+    #[must_use]
+    pub(super) fn len(&self) -> usize {
+        self.len
     }
 
     fn of_container(&self, cid: &str) -> &[Reservation] {
@@ -104,7 +112,7 @@ impl DeathKey {
 /// [`concerned_in_sources`] must equal.
 #[cfg(test)]
 #[must_use]
-pub fn concerned_keys(obs: &Observations, deaths: &[DeathKey]) -> (HashSet<String>, HashSet<IpAddr>) {
+pub fn concerned_keys(obs: &crate::engine::Observations, deaths: &[DeathKey]) -> (HashSet<String>, HashSet<IpAddr>) {
     let mut containers = HashSet::new();
     let mut ips: HashSet<IpAddr> = deaths.iter().flat_map(|d| d.addresses.iter().copied()).collect();
     for dead in obs.dead.iter().filter(|n| deaths.iter().any(|d| d.is(&n.id, &n.paths))) {
@@ -209,13 +217,14 @@ const SCAN_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 /// the run). A release batch with more than one orphan reads which IPs an
 /// attachment still holds from its verdicts, so such a batch needs the
 /// whole store. A pod's DEL, which runs just before its netns goes, writes
-/// no reservation: it does not send its death to a full pass.
+/// no reservation: it does not send its death to a full pass. `runs`: the
+/// observations' runs ([`crate::engine::Observations::cni_ops`], or
+/// [`evidence::cni_ops_in`] alone).
 #[must_use]
-pub fn may_have_missed(obs: &Observations, known: &Known, containers: &[&str]) -> bool {
+pub fn may_have_missed(runs: &[CniOp], known: &Known, containers: &[&str]) -> bool {
     let Some(since) = known.scanned_since else { return true };
     let since = since.checked_sub(SCAN_SLACK).unwrap_or(SystemTime::UNIX_EPOCH);
-    obs.cni_ops
-        .iter()
+    runs.iter()
         .filter(|op| op.may_reserve() && op.finished_at.is_none_or(|f| f >= since))
         .any(|op| containers.iter().any(|c| op.may_concern(c)))
 }

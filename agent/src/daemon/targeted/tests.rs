@@ -7,7 +7,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::{
-    engine::{Binding, BindingSource, CniOp, DeadNetns, Fact, LiveNetns, Policy, Status, decide},
+    engine::{Binding, BindingSource, CniOp, DeadNetns, Fact, LiveNetns, Observations, Policy, Status, decide},
     ipam::{ReservationData, StoreRef},
 };
 
@@ -237,19 +237,18 @@ fn a_run_since_the_last_full_pass_asks_for_the_whole_store() {
         exit_code: finished.map(|_| 0),
     };
     let known = Known::new(&[], t(100));
-    let with = |ops| Observations { cni_ops: ops, ..Observations::default() };
-    assert!(!may_have_missed(&with(vec![op(10, Some(20), Some("c1"))]), &known, &["c1"]));
-    assert!(may_have_missed(&with(vec![op(10, Some(150), Some("c1"))]), &known, &["c1"]));
-    assert!(may_have_missed(&with(vec![op(10, None, Some("c1"))]), &known, &["c1"]));
-    assert!(!may_have_missed(&with(vec![op(150, None, Some("c2"))]), &known, &["c1"]));
-    assert!(may_have_missed(&with(vec![op(150, None, None)]), &known, &["c1"]), "an unnamed run may be c1's");
-    assert!(may_have_missed(&with(Vec::new()), &Known::default(), &["c1"]), "no full pass yet");
+    assert!(!may_have_missed(&[op(10, Some(20), Some("c1"))], &known, &["c1"]));
+    assert!(may_have_missed(&[op(10, Some(150), Some("c1"))], &known, &["c1"]));
+    assert!(may_have_missed(&[op(10, None, Some("c1"))], &known, &["c1"]));
+    assert!(!may_have_missed(&[op(150, None, Some("c2"))], &known, &["c1"]));
+    assert!(may_have_missed(&[op(150, None, None)], &known, &["c1"]), "an unnamed run may be c1's");
+    assert!(may_have_missed(&[], &Known::default(), &["c1"]), "no full pass yet");
     // The pod's DEL just before its netns went writes no reservation; a
     // command it cannot be sure of may.
     let with_command = |command: &str| {
         let mut run = op(150, Some(160), Some("c1"));
         run.command = command.into();
-        with(vec![run])
+        vec![run]
     };
     for command in ["DEL", "CHECK", "GC", "VERSION", "STATUS"] {
         assert!(!may_have_missed(&with_command(command), &known, &["c1"]), "{command}");
