@@ -108,7 +108,7 @@ pub(crate) fn release_group(
     look: &mut dyn LastLook,
     lock_timeout: Duration,
     dry_run: bool,
-    durable: &mut Durable<'_>,
+    durable: &Durable,
 ) -> Vec<(Outcome, ReleaseTimings)> {
     let all = |outcome: Outcome| files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
     let dir = match open_dir(network_dir) {

@@ -204,19 +204,31 @@ impl Releaser {
             unsynced.sync()?;
             std::process::abort();
         }
-        let (results, synced) = std::thread::scope(|scope| {
-            let mut durable = Durable::start(scope, unsynced);
-            let results = self.act_on(&accepted, scan, &mut durable);
-            (results, durable.finish())
+        // The store work on a thread of its own, the fsync here (see
+        // `durable`); in turn, when no thread can be made.
+        let durable = Durable::pending();
+        let beside = std::thread::scope(|scope| {
+            let acting = std::thread::Builder::new()
+                .name("netreap-release".into())
+                .spawn_scoped(scope, || self.act_on(&accepted, scan, &durable))
+                .ok()?;
+            let synced = durable.sync(&unsynced);
+            Some((acting.join(), synced))
         });
-        let synced = match synced {
-            Ok(synced) => synced,
-            Err(e) => {
-                // Nothing was changed (every store change waited for this).
-                self.journal.forget_intents(&intents);
-                return Err(e.into());
+        let (results, synced) = match beside {
+            Some((Ok(results), synced)) => (results, synced),
+            Some((Err(panicked), _)) => std::panic::resume_unwind(panicked),
+            None => {
+                let synced = durable.sync(&unsynced);
+                (self.act_on(&accepted, scan, &durable), synced)
             }
         };
+        if let Err(e) = synced {
+            // Nothing was changed (every store change waited for this).
+            self.journal.forget_intents(&intents);
+            return Err(e.into());
+        }
+        let synced = durable.timings();
         let results: Vec<(Outcome, ReleaseTimings)> = results
             .into_iter()
             .map(|(outcome, timings)| {
@@ -248,7 +260,7 @@ impl Releaser {
         &mut self,
         accepted: &[(&Verdict, hostlocal::ReservationFile)],
         scan: Option<&[Verdict]>,
-        durable: &mut Durable<'_>,
+        durable: &Durable,
     ) -> Vec<(Outcome, ReleaseTimings)> {
         let dry_run = self.config.dry_run;
         // Each attachment's IPs as the scan saw them; released ones leave.
@@ -361,22 +373,16 @@ impl Releaser {
             Err(reason) => return Outcome::Refused { reason },
         };
         let lock_timeout = self.config.lock_timeout.unwrap_or(DEFAULT_LOCK_TIMEOUT);
-        let mut durable = Durable::already();
+        let durable = Durable::already();
         let files = [(r, &file)];
-        let outcome = hostlocal::release_group(
-            &file.network_dir,
-            &files,
-            self.look.as_mut(),
-            lock_timeout,
-            dry_run,
-            &mut durable,
-        )
-        .pop()
-        .map_or_else(|| Outcome::Failed { error: "no outcome".into() }, |(outcome, _)| outcome);
+        let outcome =
+            hostlocal::release_group(&file.network_dir, &files, self.look.as_mut(), lock_timeout, dry_run, &durable)
+                .pop()
+                .map_or_else(|| Outcome::Failed { error: "no outcome".into() }, |(outcome, _)| outcome);
         if !dry_run && outcome.released() {
             hostlocal::sync_network_dir(&file.network_dir);
         }
-        self.with_cache(r, &file, outcome, dry_run, None, &mut durable)
+        self.with_cache(r, &file, outcome, dry_run, None, &durable)
     }
 
     /// The libcni cache entry of a released (or already gone) reservation.
@@ -389,7 +395,7 @@ impl Releaser {
         mut outcome: Outcome,
         dry_run: bool,
         still_held: Option<Vec<IpAddr>>,
-        durable: &mut Durable<'_>,
+        durable: &Durable,
     ) -> Outcome {
         // After a crash between unlink and cache removal the file is gone but
         // the entry may remain: clean it up too.
