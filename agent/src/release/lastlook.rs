@@ -478,8 +478,15 @@ impl KernelLook {
         let mut found: Vec<Unknown> = Vec::new();
         let mut looked: HashSet<u64> = HashSet::new();
         let proc_dir = ProcDir::open(&self.proc_root).map_err(|e| format!("{}: {e}", self.proc_root.display()))?;
-        let mut exe = [0u8; 4096];
+        let mut exe_buf = [0u8; 4096];
         for pid in proc_dir.pids().map_err(|e| format!("{}: {e}", self.proc_root.display()))? {
+            let exe = match proc_dir.exe(pid, &mut exe_buf) {
+                Ok(exe) => Some(exe),
+                Err(e) if is_kernel_thread_or_gone(&e) => continue,
+                // Unreadable (EACCES without CAP_SYS_PTRACE...): no plugin
+                // seen, its netns still asked.
+                Err(_) => None,
+            };
             let Some(inode) = proc_dir.netns_inode(pid) else { continue }; // exited
             // Opened now; its inode is checked again on the fd (the process
             // may have exited and its pid been reused).
@@ -490,7 +497,7 @@ impl KernelLook {
                 looked.insert(inode);
                 found.push(Unknown { inode, fd, found: Found::Process(pid) });
             }
-            if proc_dir.exe(pid, &mut exe).is_some_and(|e| self.cni_bin_dirs.iter().any(|d| e.starts_with(d)))
+            if exe.is_some_and(|e| self.cni_bin_dirs.iter().any(|d| e.starts_with(d)))
                 && let Some(cid) = proc_dir.container_id(pid)
             {
                 seen.running.insert(cid, pid);
@@ -552,6 +559,16 @@ impl KernelLook {
         }
         Ok(())
     }
+}
+
+/// Whether reading a process's `exe` failed because it has none: a kernel
+/// thread (`get_task_exe_file` gives none to `PF_KTHREAD`), or a process
+/// past `exit_mm()`, or gone. Kernel threads all share the initial netns
+/// (the host's: netreap's own, which every look asks first), and an
+/// exiting process drops its namespaces next: neither needs its netns
+/// read. That halves the walk where kernel threads are most of /proc.
+fn is_kernel_thread_or_gone(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOENT) || e.raw_os_error() == Some(libc::ESRCH)
 }
 
 /// A netns the model does not know, held open by the look.
@@ -661,8 +678,14 @@ impl ProcDir {
     }
 
     /// The executable of `pid`, read into `buf`.
-    fn exe<'b>(&self, pid: u32, buf: &'b mut [u8]) -> Option<&'b Path> {
-        self.read_link(pid, "exe", buf).map(|b| Path::new(OsStr::from_bytes(b)))
+    fn exe<'b>(&self, pid: u32, buf: &'b mut [u8]) -> io::Result<&'b Path> {
+        let rel = RelPath::new(pid, "exe").ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let path = rel.as_cstr().ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a valid dir fd, a NUL-terminated path, a buffer of the stated length.
+        let n = unsafe { libc::readlinkat(self.fd(), path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+        let link = buf.get(..n).filter(|_| n < buf.len()).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))?;
+        Ok(Path::new(OsStr::from_bytes(link)))
     }
 
     /// The target of the link `pid/name`, read into `buf` (None when it
@@ -813,6 +836,34 @@ mod tests {
             look.mount_table_reads() == before
         });
         assert!(kept, "every look read the mount table again");
+    }
+
+    /// The walk skips only processes without an executable: every one it
+    /// would skip is a kernel thread (`PF_KTHREAD` in its stat) or gone, and
+    /// this process, which has one, is not skipped.
+    #[test]
+    fn the_walk_skips_only_kernel_threads() {
+        const PF_KTHREAD: u64 = 0x0020_0000;
+        let proc_dir = ProcDir::open(Path::new("/proc")).expect("opens /proc");
+        let mut buf = [0u8; 4096];
+        assert!(proc_dir.exe(std::process::id(), &mut buf).is_ok(), "this process has an executable");
+        let mut skipped = 0;
+        for pid in proc_dir.pids().expect("lists /proc") {
+            let Err(e) = proc_dir.exe(pid, &mut buf) else { continue };
+            if !is_kernel_thread_or_gone(&e) {
+                continue;
+            }
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue }; // gone
+            let flags: u64 = stat
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split(' ').nth(6)?.parse().ok())
+                .expect("a stat line with flags");
+            assert_ne!(flags & PF_KTHREAD, 0, "pid {pid} would be skipped but is no kernel thread: {stat}");
+            skipped += 1;
+        }
+        // A host or VM has kernel threads (a container without the host's
+        // pid namespace would not: this suite runs as root on the host).
+        assert!(skipped > 0, "no kernel thread found in /proc");
     }
 
     /// A table that is no procfs file (cannot be polled) is read by every look.
