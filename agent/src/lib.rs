@@ -21,6 +21,7 @@ pub mod config;
 pub mod daemon;
 pub mod discovery;
 pub mod engine;
+pub mod fast;
 pub mod identity;
 pub mod ipam;
 pub mod kernel;

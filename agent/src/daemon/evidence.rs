@@ -108,13 +108,14 @@ impl Life {
 /// binding of a node stays linear.
 pub(crate) struct Incarnations<'a> {
     netns: Vec<&'a NetnsView>,
-    by_inode: HashMap<u64, Vec<usize>>,
-    by_nsid: HashMap<i32, Vec<usize>>,
+    by_inode: crate::fast::Map<u64, Vec<usize>>,
+    by_nsid: crate::fast::Map<i32, Vec<usize>>,
 }
 
 impl<'a> Incarnations<'a> {
     pub(crate) fn new(snapshot: &'a ModelSnapshot) -> Self {
-        let (mut by_inode, mut by_nsid): (HashMap<u64, Vec<usize>>, HashMap<i32, Vec<usize>>) = Default::default();
+        let (mut by_inode, mut by_nsid): (crate::fast::Map<u64, Vec<usize>>, crate::fast::Map<i32, Vec<usize>>) =
+            Default::default();
         for (i, v) in snapshot.netns.iter().enumerate() {
             if let Some(inode) = v.inode {
                 by_inode.entry(u64::from(inode)).or_default().push(i);
@@ -240,9 +241,8 @@ fn containers_walked(
         })
         .map(|a| a.container_id.clone())
         .collect();
-    let mounts: Vec<PathBuf> = bind_mounts.iter().map(|m| path_key(m)).collect();
     for entry in cache {
-        if entry.netns.as_deref().is_some_and(|p| mounts.contains(&path_key(Path::new(p)))) {
+        if entry.netns.as_deref().is_some_and(|p| bind_mounts.iter().any(|m| same_netns_path(m, Path::new(p)))) {
             ids.push(entry.container_id.clone());
         }
     }
@@ -525,7 +525,7 @@ fn cache_names_if(
 ) -> Vec<(NetnsName, SystemTime)> {
     let Some(path) = entry.netns.as_deref() else { return Vec::new() };
     let resolved = ledger.get(&entry.container_id).and_then(|a| {
-        let same_path = a.netns_path.as_deref().is_some_and(|p| path_key(Path::new(p)) == path_key(Path::new(path)));
+        let same_path = a.netns_path.as_deref().is_some_and(|p| same_netns_path(Path::new(p), Path::new(path)));
         a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
     });
     match resolved {

@@ -95,6 +95,9 @@ struct Agent {
     memory: Memory,
     /// Resolves CNI_NETNS paths (through the host's root in a container).
     resolver: StatResolver,
+    /// The configured mount table and the host's root, found once (each
+    /// last look is given them).
+    discovery: crate::discovery::DiscoveryPaths,
     /// Every death runs a full reconcile ([`FULL_RECONCILE_PER_DEATH_ENV`]).
     full_reconcile_per_death: bool,
     /// Anomalies already reported (path), so each is reported once.
@@ -128,9 +131,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let watching_since = SystemTime::now();
     let mut kernel = KernelStream::new(&mut probes).context("reading the probes' ring buffer")?;
 
+    let discovery = crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone());
     let watcher_config = WatcherConfig {
         resync_interval: config.resync_interval,
-        discovery: crate::discovery::DiscoveryPaths::with_mountinfo(config.mountinfo.clone()),
+        discovery: discovery.clone(),
         ..WatcherConfig::default()
     };
     let (watcher, mut deaths) = Watcher::start(watcher_config).await.context("starting the netns model")?;
@@ -172,6 +176,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         attachments_dirty: false,
         memory: Memory::default(),
         resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
+        discovery,
         state,
         runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
         triggers: Triggers::default(),

@@ -510,6 +510,6 @@ impl Agent {
         let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
         let bin_dirs = self.config.cni_bin_dirs.clone();
         KernelLook::new(nsids, inodes, in_flight, bin_dirs)
-            .with_mount_table(crate::discovery::DiscoveryPaths::with_mountinfo(self.config.mountinfo.clone()))
+            .with_mount_table(self.discovery.clone())
     }
 }

@@ -839,11 +839,12 @@ mod tests {
     }
 
     /// The walk skips only processes without an executable: every one it
-    /// would skip is a kernel thread (`PF_KTHREAD` in its stat) or gone, and
-    /// this process, which has one, is not skipped.
+    /// would skip is a kernel thread (`PF_KTHREAD` in its stat), exiting or
+    /// a zombie, or gone; this process, which has one, is not skipped.
     #[test]
     fn the_walk_skips_only_kernel_threads() {
         const PF_KTHREAD: u64 = 0x0020_0000;
+        const PF_EXITING: u64 = 0x0000_0004;
         let proc_dir = ProcDir::open(Path::new("/proc")).expect("opens /proc");
         let mut buf = [0u8; 4096];
         assert!(proc_dir.exe(std::process::id(), &mut buf).is_ok(), "this process has an executable");
@@ -854,11 +855,13 @@ mod tests {
                 continue;
             }
             let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue }; // gone
-            let flags: u64 = stat
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.split(' ').nth(6)?.parse().ok())
-                .expect("a stat line with flags");
-            assert_ne!(flags & PF_KTHREAD, 0, "pid {pid} would be skipped but is no kernel thread: {stat}");
+            let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, rest)| rest.split(' ').collect()).unwrap_or_default();
+            let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).expect("a stat line with flags");
+            let exiting = flags & PF_EXITING != 0 || matches!(fields.first(), Some(&("Z" | "X")));
+            assert!(
+                flags & PF_KTHREAD != 0 || exiting,
+                "pid {pid} would be skipped but is no kernel thread and not exiting: {stat}"
+            );
             skipped += 1;
         }
         // A host or VM has kernel threads (a container without the host's

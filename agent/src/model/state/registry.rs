@@ -6,11 +6,13 @@
 //! nor when to ask the kernel anything.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashSet},
     time::{Duration, SystemTime},
 };
 
 use tracing::debug;
+
+use crate::fast::Map;
 
 use super::{
     super::snapshot::{Corrections, Creator, DeathSource, ModelStats, NetnsInode},
@@ -69,13 +71,13 @@ struct RegistryCounts {
 /// Every netns the model knows alive, by record id, nsid and inode.
 pub(super) struct Registry {
     host: Netns,
-    live: HashMap<RecordId, Netns>,
-    by_nsid: HashMap<i32, RecordId>,
-    by_inode: HashMap<NetnsInode, RecordId>,
+    live: Map<RecordId, Netns>,
+    by_nsid: Map<i32, RecordId>,
+    by_inode: Map<NetnsInode, RecordId>,
     /// What the latest scans found, by inode.
     sightings: BTreeMap<NetnsInode, Sighting>,
     /// Creators the probes named for netns not bound yet.
-    pending_creators: HashMap<NetnsInode, Creator>,
+    pending_creators: Map<NetnsInode, Creator>,
     next_id: RecordId,
     /// What changed since the views were last brought up to date.
     changes: Changes,
@@ -89,11 +91,11 @@ impl Registry {
     pub(super) fn new(host_inode: NetnsInode, now: SystemTime) -> Self {
         Self {
             host: Netns::new(Some(host_inode), None, now, 0),
-            live: HashMap::new(),
-            by_nsid: HashMap::new(),
-            by_inode: HashMap::new(),
+            live: Map::default(),
+            by_nsid: Map::default(),
+            by_inode: Map::default(),
             sightings: BTreeMap::new(),
-            pending_creators: HashMap::new(),
+            pending_creators: Map::default(),
             next_id: 1,
             changes: Changes::default(),
             epoch: 1,

@@ -4,7 +4,7 @@
 //! a while.
 
 use std::{
-    collections::{HashMap, HashSet, VecDeque},
+    collections::{HashMap, VecDeque},
     net::IpAddr,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -19,7 +19,10 @@ use super::{
     records::{LinkNetns, Netns, NetnsKey, RecordId, RouteKey},
     registry::Registry,
 };
-use crate::netlink::wire::consts;
+use crate::{
+    fast::{Map, Set},
+    netlink::wire::consts,
+};
 
 /// Resolves `IFLA_LINK` references across namespaces. Names and
 /// identities are read from the registry when a reference is made, never
@@ -28,11 +31,11 @@ struct Resolver<'a> {
     registry: &'a Registry,
     /// (netns, ifindex) -> (netns, ifindex) of the other end, for links
     /// whose own message placed the peer.
-    forward: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
-    reverse: HashMap<(NetnsKey, u32), (NetnsKey, u32)>,
+    forward: Map<(NetnsKey, u32), (NetnsKey, u32)>,
+    reverse: Map<(NetnsKey, u32), (NetnsKey, u32)>,
     /// Host routes (destination, interface) by the netns their interface
     /// leads into.
-    routes_into: HashMap<NetnsKey, Vec<(IpAddr, u32)>>,
+    routes_into: Map<NetnsKey, Vec<(IpAddr, u32)>>,
 }
 
 impl<'a> Resolver<'a> {
@@ -40,7 +43,7 @@ impl<'a> Resolver<'a> {
     /// its routes lead into them). One pass over every link, with no
     /// allocation for those of other netns.
     fn new(registry: &'a Registry, wanted: impl Fn(NetnsKey) -> bool) -> Self {
-        let mut r = Self { registry, forward: HashMap::new(), reverse: HashMap::new(), routes_into: HashMap::new() };
+        let mut r = Self { registry, forward: Map::default(), reverse: Map::default(), routes_into: Map::default() };
         let host = registry.host();
         let all = std::iter::once((NetnsKey::Host, host))
             .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)));
@@ -254,15 +257,15 @@ pub(super) fn fresh_snapshot(
 #[derive(Debug, Default)]
 pub(super) struct Changes {
     /// Netns whose own view changed (links, addresses, creator, sighting).
-    pub(super) netns: HashSet<NetnsKey>,
+    pub(super) netns: Set<NetnsKey>,
     /// Links added, changed or removed: the views that show their name or
     /// are placed through them change too.
-    links: HashSet<(NetnsKey, u32)>,
+    links: Set<(NetnsKey, u32)>,
     /// Netns created, removed, or given an inode or nsid: those that name
     /// them change, and an nsid may now name another netns.
-    identities: HashSet<NetnsKey>,
+    identities: Set<NetnsKey>,
     /// Host routes added, changed or removed.
-    routes: HashSet<RouteKey>,
+    routes: Set<RouteKey>,
 }
 
 impl Changes {
@@ -296,17 +299,17 @@ struct Built {
 /// shows of others) did not change since the previous one.
 #[derive(Default)]
 pub(super) struct Views {
-    built: HashMap<NetnsKey, Built>,
+    built: Map<NetnsKey, Built>,
     /// netns -> its links -> the views that read them.
-    readers: HashMap<NetnsKey, HashMap<u32, HashSet<NetnsKey>>>,
+    readers: Map<NetnsKey, Map<u32, Set<NetnsKey>>>,
     /// Views with a link that names an nsid no netns held when built.
-    unresolved: HashSet<NetnsKey>,
+    unresolved: Set<NetnsKey>,
     host_routes: Vec<HostRouteView>,
 }
 
 impl Views {
     /// The views that `changes` may have changed.
-    fn stale(&self, registry: &Registry, changes: &Changes) -> HashSet<NetnsKey> {
+    fn stale(&self, registry: &Registry, changes: &Changes) -> Set<NetnsKey> {
         let mut stale = changes.netns.clone();
         let readers_of_link = |key: NetnsKey, ifindex: u32| {
             self.readers.get(&key).and_then(|links| links.get(&ifindex)).into_iter().flatten().copied()
