@@ -509,7 +509,6 @@ impl Agent {
         inodes.extend(model.alive().filter(|v| v.host).filter_map(|v| v.inode.map(u64::from)));
         let in_flight = self.ledger.attachments().filter(|a| a.in_flight()).map(|a| a.container_id.clone()).collect();
         let bin_dirs = self.config.cni_bin_dirs.clone();
-        KernelLook::new(nsids, inodes, in_flight, bin_dirs)
-            .with_mount_table(self.discovery.clone())
+        KernelLook::new(nsids, inodes, in_flight, bin_dirs).with_mount_table(self.discovery.clone())
     }
 }

@@ -855,7 +855,8 @@ mod tests {
                 continue;
             }
             let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else { continue }; // gone
-            let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, rest)| rest.split(' ').collect()).unwrap_or_default();
+            let fields: Vec<&str> =
+                stat.rsplit_once(") ").map(|(_, rest)| rest.split(' ').collect()).unwrap_or_default();
             let flags: u64 = fields.get(6).and_then(|f| f.parse().ok()).expect("a stat line with flags");
             let exiting = flags & PF_EXITING != 0 || matches!(fields.first(), Some(&("Z" | "X")));
             assert!(
