@@ -250,14 +250,18 @@ impl Agent {
                 }
                 death = deaths.recv() => {
                     let Some(death) = death else { anyhow::bail!("the netns model stopped") };
-                    let mut runs_concerned = self.on_death(&death)?;
-                    let mut died = vec![death];
+                    let (containers, mut runs_concerned) = self.on_death(&death);
+                    let mut died = vec![(death, containers)];
                     while let Ok(more) = deaths.try_recv() {
-                        runs_concerned |= self.on_death(&more)?;
-                        died.push(more);
+                        let (containers, concerned) = self.on_death(&more);
+                        runs_concerned |= concerned;
+                        died.push((more, containers));
                     }
                     self.triggers.netns_died(runs_concerned);
                     if self.full_reconcile_per_death {
+                        for (death, containers) in &died {
+                            self.publish_death(death, containers)?;
+                        }
                         self.reconcile(Reason::NetnsDied).await?;
                     } else {
                         self.reconcile_deaths(&died).await?;

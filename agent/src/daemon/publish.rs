@@ -312,9 +312,12 @@ impl Agent {
         Ok(())
     }
 
-    /// A netns death the model reported. Returns whether a CNI run of a
-    /// container bound to it (or of an unknown container) is in flight.
-    pub(super) fn on_death(&mut self, death: &NetnsDeath) -> anyhow::Result<bool> {
+    /// A netns death the model reported: the ledger's bookkeeping, done at
+    /// once. Returns the containers bound to it, and whether a CNI run of
+    /// one of them (or of an unknown container) is in flight. The death is
+    /// logged and streamed by [`Self::publish_death`], once its release has
+    /// been handed off (the death path does not wait for the writes).
+    pub(super) fn on_death(&mut self, death: &NetnsDeath) -> (Vec<String>, bool) {
         self.metrics.netns_destroyed();
         let containers = evidence::containers_of_death(&self.ledger, &[], death);
         // Bounded ledger (issue 13.3, helper `model`): remembered so that
@@ -324,6 +327,11 @@ impl Agent {
         self.memory.dirty = true;
         let runs_concerned = self.ledger.unattributed_runs().next().is_some()
             || containers.iter().any(|c| self.ledger.get(c).is_some_and(crate::ledger::Attachment::in_flight));
+        (containers, runs_concerned)
+    }
+
+    /// Logs and streams a death [`Self::on_death`] took in.
+    pub(super) fn publish_death(&mut self, death: &NetnsDeath, containers: &[String]) -> anyhow::Result<()> {
         info!(
             inode = ?death.inode,
             nsid = ?death.nsid,
@@ -331,8 +339,8 @@ impl Agent {
             addresses = ?death.addresses.iter().map(|a| a.ip).collect::<Vec<_>>(),
             "netns died"
         );
-        self.events.emit(death.at, &Event::NetnsDied(NetnsDied::seen(death, &containers)))?;
-        Ok(runs_concerned)
+        self.events.emit(death.at, &Event::NetnsDied(NetnsDied::seen(death, containers)))?;
+        Ok(())
     }
 
     /// What an earlier run's knowledge came to.

@@ -126,10 +126,12 @@ impl Agent {
     /// have missed a reservation of a concerned container (a CNI run of it
     /// since: every pod's own ADD, under churn), the stores are scanned
     /// again first, as a full pass would scan them.
-    pub(super) async fn reconcile_deaths(&mut self, deaths: &[NetnsDeath]) -> anyhow::Result<()> {
+    /// `deaths`: each with the containers bound to it, published once the
+    /// release is on its way.
+    pub(super) async fn reconcile_deaths(&mut self, deaths: &[(NetnsDeath, Vec<String>)]) -> anyhow::Result<()> {
         let started = Instant::now();
         let sources = self.gather().await?;
-        let keys: Vec<DeathKey> = deaths.iter().map(DeathKey::from).collect();
+        let keys: Vec<DeathKey> = deaths.iter().map(|(d, _)| DeathKey::from(d)).collect();
         let (containers, ips) = targeted::concerned_in_sources(
             &sources.snapshot,
             &self.ledger,
@@ -180,6 +182,9 @@ impl Agent {
         let verdicts = decide(&obs, &reservations, now, &self.policy);
         let changed = self.changes_among(&verdicts, &obs);
         self.start_release(&verdicts, &obs, &sources.snapshot, Judged::These);
+        for (death, containers) in deaths {
+            self.publish_death(death, containers)?;
+        }
         self.triggers.targeted(triggers::Waiting::of(&verdicts));
         self.publish_targeted(started, &verdicts, &changed)?;
         let runtime = obs.runtime.clone();
