@@ -243,12 +243,14 @@ struct Io {
 }
 
 impl Io {
-    /// Carries out every action the model produced, in order.
-    fn flush(&mut self, model: &mut Model) -> Result<(), WatcherError> {
+    /// Carries out every action the model produced, in order. Returns
+    /// whether it sent a death.
+    fn flush(&mut self, model: &mut Model) -> Result<bool, WatcherError> {
+        let mut sent_death = false;
         loop {
             let actions = model.take_actions();
             if actions.is_empty() {
-                return Ok(());
+                return Ok(sent_death);
             }
             for action in actions {
                 match action {
@@ -264,8 +266,9 @@ impl Io {
                         Err(TrySendError::Disconnected(_)) => return Err(WatcherError::Stopped),
                     },
                     Action::Death(death) => match self.deaths.try_send(death) {
+                        Ok(()) => sent_death = true,
                         // Closed: nobody listens (e.g. a one-shot `netreap netns`).
-                        Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+                        Err(mpsc::error::TrySendError::Closed(_)) => {}
                         Err(mpsc::error::TrySendError::Full(d)) => {
                             warn!(inode = ?d.inode, "death notice dropped: consumer is behind");
                             model.count_dropped_death();
@@ -355,6 +358,11 @@ impl Driver {
         housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                // Commands first: a death's pass waits on a snapshot here,
+                // and what one turn of the event loop queued is bounded
+                // (it runs only when this task yields), so the socket is
+                // never starved.
+                biased;
                 command = self.commands.recv() => match command {
                     Some(Command::Stop) | None => break,
                     Some(c) => self.command(c),
@@ -408,8 +416,13 @@ impl Driver {
                 _ = resync.tick() => self.model.start_resync(true),
                 _ = housekeeping.tick() => self.model.tick(SystemTime::now()),
             }
-            self.io.flush(&mut self.model)?;
+            let sent_death = self.io.flush(&mut self.model)?;
             self.notify();
+            if sent_death {
+                // The event loop shares this thread: let it take the death
+                // now rather than after the rest of the datagrams queued.
+                tokio::task::yield_now().await;
+            }
         }
         debug!("netns model stopped");
         Ok(())
