@@ -150,6 +150,12 @@ impl Model {
         std::mem::take(&mut self.actions)
     }
 
+    /// Whether a death waits among the actions not yet taken.
+    #[must_use]
+    pub fn death_pending(&self) -> bool {
+        self.actions.iter().any(|a| matches!(a, Action::Death(_)))
+    }
+
     #[must_use]
     pub fn stats(&self) -> ModelStats {
         let mut stats = self.counts.clone();

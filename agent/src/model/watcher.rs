@@ -372,7 +372,14 @@ impl Driver {
                     let mut drained = false;
                     for _ in 0..DATAGRAMS_PER_WAKE {
                         match guard.get_inner().recv(&mut buf) {
-                            Ok(Some(d)) => self.model.datagram(d.origin_nsid, &buf[..d.len], SystemTime::now()),
+                            Ok(Some(d)) => {
+                                self.model.datagram(d.origin_nsid, &buf[..d.len], SystemTime::now());
+                                // A death goes out before the datagrams
+                                // queued behind it are read.
+                                if self.model.death_pending() {
+                                    break;
+                                }
+                            }
                             Ok(None) => {
                                 drained = true;
                                 break;
