@@ -6,7 +6,7 @@ use std::{net::IpAddr, path::PathBuf, sync::Arc, time::SystemTime};
 
 use serde::{Serialize, Serializer};
 
-use crate::{discovery::ProcessRef, kernel::events::NetnsVia, telemetry::clock::rfc3339};
+use crate::{discovery::ProcessRef, ipam::SharedStr, kernel::events::NetnsVia, telemetry::clock::rfc3339};
 
 /// Inode number of a netns (`ns.inum`, an unsigned int in the kernel).
 pub type NetnsInode = u32;
@@ -86,12 +86,42 @@ impl AddrScope {
     }
 }
 
+/// A link's hardware address, shared by every view of the link and
+/// rendered (`aa:bb:cc:dd:ee:ff`) only when printed: views are rebuilt
+/// whenever a link of their netns changes, the text is seldom read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardwareAddr(Arc<[u8]>);
+
+impl HardwareAddr {
+    /// None for an empty address (a link without one).
+    #[must_use]
+    pub fn new(bytes: &[u8]) -> Option<Self> {
+        (!bytes.is_empty()).then(|| Self(bytes.into()))
+    }
+}
+
+impl std::fmt::Display for HardwareAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, b) in self.0.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ":" };
+            write!(f, "{sep}{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for HardwareAddr {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct AddressView {
     pub ip: IpAddr,
     pub prefix_len: u8,
     pub ifindex: u32,
-    pub ifname: Option<String>,
+    pub ifname: Option<SharedStr>,
     pub scope: AddrScope,
 }
 
@@ -118,7 +148,7 @@ pub struct PeerNetns {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LinkRef {
     pub ifindex: u32,
-    pub ifname: Option<String>,
+    pub ifname: Option<SharedStr>,
     /// `None` while the model has not yet resolved where it lives.
     pub netns: Option<PeerNetns>,
 }
@@ -126,11 +156,11 @@ pub struct LinkRef {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct InterfaceView {
     pub ifindex: u32,
-    pub name: Option<String>,
+    pub name: Option<SharedStr>,
     /// `IFLA_INFO_KIND` (veth, bridge, macvlan, ...); none for physical.
-    pub kind: Option<String>,
+    pub kind: Option<SharedStr>,
     pub up: bool,
-    pub mac: Option<String>,
+    pub mac: Option<HardwareAddr>,
     pub master: Option<u32>,
     pub link: Option<LinkRef>,
 }
@@ -194,7 +224,7 @@ pub struct HostRouteView {
     pub dst: IpAddr,
     pub prefix_len: u8,
     pub oif: u32,
-    pub ifname: Option<String>,
+    pub ifname: Option<SharedStr>,
     pub table: u32,
     pub protocol: u8,
     /// The netns behind `oif` (its veth peer's), when known.
@@ -339,5 +369,18 @@ impl NetnsDeath {
             first_seen: v.first_seen,
             creator: v.creator.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hardware_address_prints_as_colon_separated_hex() {
+        let mac = HardwareAddr::new(&[0x02, 0x00, 0xab, 0x01, 0x2c, 0xff]).expect("non-empty");
+        assert_eq!(mac.to_string(), "02:00:ab:01:2c:ff");
+        assert_eq!(serde_json::to_string(&mac).expect("serializes"), "\"02:00:ab:01:2c:ff\"");
+        assert_eq!(HardwareAddr::new(&[]), None, "a link without an address has none");
     }
 }

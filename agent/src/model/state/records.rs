@@ -5,8 +5,11 @@
 
 use std::{collections::BTreeMap, net::IpAddr, path::PathBuf, time::SystemTime};
 
-use super::super::snapshot::{Creator, NetnsInode};
-use crate::netlink::wire::{Address, Route, consts};
+use super::super::snapshot::{Creator, HardwareAddr, NetnsInode};
+use crate::{
+    ipam::SharedStr,
+    netlink::wire::{Address, Route, consts},
+};
 
 pub(super) type RecordId = u64;
 
@@ -60,10 +63,10 @@ pub(super) enum LinkNetns {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct LinkState {
-    pub(super) name: Option<String>,
-    pub(super) kind: Option<String>,
+    pub(super) name: Option<SharedStr>,
+    pub(super) kind: Option<SharedStr>,
     pub(super) flags: u32,
-    pub(super) mac: Option<Vec<u8>>,
+    pub(super) mac: Option<HardwareAddr>,
     pub(super) link: Option<u32>,
     pub(super) link_netns: LinkNetns,
     pub(super) master: Option<u32>,

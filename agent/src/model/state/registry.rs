@@ -12,10 +12,10 @@ use std::{
 
 use tracing::debug;
 
-use crate::fast::Map;
+use crate::{fast::Map, ipam::SharedStr};
 
 use super::{
-    super::snapshot::{Corrections, Creator, DeathSource, ModelStats, NetnsInode},
+    super::snapshot::{Corrections, Creator, DeathSource, HardwareAddr, ModelStats, NetnsInode},
     age,
     records::{Entry, LinkNetns, LinkState, Netns, NetnsKey, RecordId, Table, addr_key, is_host_route, route_key},
     view::Changes,
@@ -541,10 +541,10 @@ impl Registry {
             },
         };
         let state = LinkState {
-            name: l.name,
-            kind: l.kind,
+            name: l.name.map(SharedStr::from),
+            kind: l.kind.map(SharedStr::from),
             flags: l.flags,
-            mac: l.mac,
+            mac: l.mac.as_deref().and_then(HardwareAddr::new),
             link: l.link,
             link_netns,
             master: l.master,

@@ -123,16 +123,6 @@ fn netns(registry: &Registry, key: NetnsKey) -> Option<&Netns> {
     }
 }
 
-fn mac_text(mac: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut text = String::with_capacity(mac.len() * 3);
-    for (i, b) in mac.iter().enumerate() {
-        let sep = if i == 0 { "" } else { ":" };
-        let _ = write!(text, "{sep}{b:02x}");
-    }
-    text
-}
-
 /// A view of `key` and the links of other netns it read (a peer's name
 /// and identity, or a host link its routes come through).
 fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> (NetnsView, Vec<(NetnsKey, u32)>) {
@@ -146,7 +136,7 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> 
             name: l.name.clone(),
             kind: l.kind.clone(),
             up: l.flags & consts::IFF_UP != 0,
-            mac: l.mac.as_deref().filter(|m| !m.is_empty()).map(mac_text),
+            mac: l.mac.clone(),
             master: l.master,
             link: l.link.map(|p| {
                 if let Some(peer) = resolver.place(key, ifindex, p) {
