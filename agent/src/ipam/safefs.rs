@@ -226,9 +226,19 @@ impl FileMeta {
     /// The status of the file `file` is open on.
     pub fn of(file: &File) -> io::Result<Self> {
         let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+        // glibc (2.33 on) makes fstat an fstatat(fd, "", AT_EMPTY_PATH),
+        // which the kernel first treats as a path: copies and checks the
+        // empty name. The fstat system call itself goes straight to the
+        // descriptor (a tenth of a 100k scan's fstat time). x86_64's
+        // `struct stat` is the kernel's.
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: a valid open descriptor and a buffer of the right type;
         // the kernel fills it entirely when the call succeeds.
-        if unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) } < 0 {
+        let failed = unsafe { libc::syscall(libc::SYS_fstat, file.as_raw_fd(), st.as_mut_ptr()) } < 0;
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: as above.
+        let failed = unsafe { libc::fstat(file.as_raw_fd(), st.as_mut_ptr()) } < 0;
+        if failed {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: fstat succeeded, so `st` is initialised.
