@@ -18,6 +18,7 @@
 
 pub mod cnirt;
 pub mod config;
+pub mod cpus;
 pub mod daemon;
 pub mod discovery;
 pub mod engine;

@@ -50,7 +50,7 @@ pub fn decide<R: Claim + Clone + Send + Sync>(
     policy: &Policy,
 ) -> Vec<Verdict<R>> {
     let index = Index::new(obs);
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(DECIDE_THREADS);
+    let threads = crate::cpus::available().min(DECIDE_THREADS);
     if threads < 2 || reservations.len() < PARALLEL_DECIDE_MIN {
         return judge_all(&index, reservations, now, policy);
     }

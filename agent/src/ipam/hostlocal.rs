@@ -412,7 +412,7 @@ const SCAN_CHUNK: usize = 1024;
 const PARALLEL_LIST_MIN_BYTES: u64 = 64 * 1024;
 
 fn scan_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZero::get).min(SCAN_THREADS)
+    crate::cpus::available().min(SCAN_THREADS)
 }
 
 impl ReservationStore for HostLocalStore {
