@@ -541,10 +541,10 @@ fn scale(scratch: &Path) -> Value {
     assert_eq!(scan.reservations.len(), SCALE_FILES, "every file scanned: {:?}", scan.anomalies.first());
     let scan_hwm_kib = vm_kib("self", "VmHWM").saturating_sub(base_kib);
 
-    // The engine looks each reservation's container up by linear search
-    // over live/dead netns, bindings and CNI ops (quadratic): time a sample
-    // first and run the whole set only when it stays within ~20 s, else
-    // project from a 10 % sample (the per-reservation cost is flat).
+    // A guard from when the engine searched linearly (quadratic; it uses an
+    // index now): time a sample first and run the whole set only when it
+    // stays within ~20 s, else project from a 10 % sample (the
+    // per-reservation cost is flat).
     let policy = Policy::default();
     let now = SystemTime::now();
     let sample = SCALE_FILES / 10;
