@@ -157,6 +157,9 @@ pub struct KernelMounts {
     /// statmount's buffer, as u64 for the struct's alignment.
     buf: Vec<u64>,
     statmounts: u64,
+    /// Tests: listmount fails with this errno, as on a kernel without it.
+    #[cfg(test)]
+    pub(super) fail_with: Option<i32>,
 }
 
 impl KernelMounts {
@@ -186,6 +189,10 @@ impl KernelMounts {
     }
 
     fn read_inner(&mut self, changed: bool, out: &mut Vec<NetnsMount>) -> Result<(), KernelMountsError> {
+        #[cfg(test)]
+        if let Some(errno) = self.fail_with {
+            return Err(KernelMountsError::List(io::Error::from_raw_os_error(errno)));
+        }
         list_mounts(&mut self.ids)?;
         if !self.ids.is_sorted() {
             self.ids.sort_unstable();

@@ -177,7 +177,7 @@ pub struct MountReader {
     /// The kernel's mount list, until it failed once for good.
     kernel: Option<listmount::KernelMounts>,
     kernel_reads: u64,
-    /// The kernel's list was not used for the configured table (said once).
+    /// Why the kernel's list was not used once was logged (not again).
     told: bool,
     netns: Vec<mountinfo::NetnsMount>,
 }
@@ -280,7 +280,8 @@ impl MountReader {
                 if e.is_permanent() {
                     tracing::info!("mount table: listmount/statmount unusable ({e}); reading the text");
                     self.kernel = None;
-                } else {
+                } else if !self.told {
+                    self.told = true;
                     tracing::debug!("mount table: listmount/statmount failed ({e}); reading the text this time");
                 }
                 false
@@ -472,6 +473,31 @@ mod tests {
         }
         for other in ["/proc/self/mounts", "/etc/mountinfo", "/proc/self/task/mountinfo", "/proc/nope/mountinfo"] {
             assert!(listmount::is_own_table(proc, Path::new(other)).is_err(), "{other}");
+        }
+    }
+
+    /// A kernel without listmount (before 6.8), or a seccomp profile that
+    /// refuses it: the text, at once and from then on, and the same result.
+    #[test]
+    fn a_kernel_that_refuses_listmount_leaves_the_text() {
+        let paths = DiscoveryPaths::default();
+        for (errno, permanent) in [(libc::ENOSYS, true), (libc::EPERM, true), (libc::ENOMEM, false)] {
+            let changes = Arc::new(MountChanges::default());
+            let mut reader = MountReader::new(Arc::clone(&changes));
+            if let Some(kernel) = reader.kernel.as_mut() {
+                kernel.fail_with = Some(errno);
+            }
+            let text = || MountReader::text_only(Arc::default()).mounts(&paths, true).expect("reads").clone();
+            // Other processes mount meanwhile: compared when the text
+            // did not change around the read.
+            let settled = (0..20).any(|_| {
+                let before = text();
+                let seen = reader.mounts(&paths, true).expect("reads").clone();
+                before == seen && seen == text()
+            });
+            assert!(settled, "errno {errno}: the reader never gave the text's mounts");
+            assert_eq!(reader.kernel_reads(), 0, "errno {errno}");
+            assert_eq!(reader.kernel.is_none(), permanent, "errno {errno}: given up for good");
         }
     }
 
