@@ -15,11 +15,12 @@ use std::{
     net::IpAddr,
     os::unix::fs::MetadataExt as _,
     process::Command,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use netreap::{
-    discovery::DiscoveryPaths,
+    discovery::{DiscoveryPaths, MountChanges, MountReader},
     release::lastlook::{DEFAULT_CNI_BIN_DIRS, KernelLook, LastLook},
 };
 use netreap_testkit::net::ip_batch;
@@ -124,16 +125,92 @@ fn bench(n: usize, size_index: usize) {
             assert!(!seen.where_configured(address(n - 1)).is_empty(), "the look saw the last bench netns's address");
         }
     }
+    row(&format!("last look, {n} netns known"), times);
+
+    // Each look after a change of the mount table (a tmpfs mounted or
+    // unmounted, as each `ip netns del` changes it): the look reads it.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let mut toggle = MountToggle::new(dir.path());
+    let mut times = Vec::with_capacity(LOOKS);
+    for _ in 0..LOOKS {
+        toggle.flip();
+        let mut look = fresh();
+        let t = Instant::now();
+        look.look(&[address(n - 1)]).expect("the kernel answers");
+        times.push(t.elapsed());
+    }
+    row(&format!("last look after a mount change, {n}"), times);
+
+    // The table's read alone after a change: the text, and the kernel's
+    // list (the text again where the kernel has no listmount).
+    let paths = DiscoveryPaths::default();
+    for (what, kernel) in [("text", false), ("listmount", true)] {
+        let changes = Arc::new(MountChanges::default());
+        changes.watching();
+        let mut reader =
+            if kernel { MountReader::new(Arc::clone(&changes)) } else { MountReader::text_only(Arc::clone(&changes)) };
+        reader.mounts(&paths, false).expect("reads the mount table");
+        let mut times = Vec::with_capacity(LOOKS);
+        for _ in 0..LOOKS {
+            toggle.flip();
+            changes.changed();
+            let t = Instant::now();
+            let found = reader.mounts(&paths, false).expect("reads the mount table").len();
+            times.push(t.elapsed());
+            assert!(found >= n, "every bench netns is mounted");
+        }
+        let via = if reader.kernel_reads() > 0 { "listmount" } else { "text" };
+        row(&format!("mount table read ({what}: {via}), {n}"), times);
+    }
+}
+
+fn row(what: &str, mut times: Vec<Duration>) {
     times.sort_unstable();
     let mean = times.iter().sum::<Duration>() / times.len() as u32;
     println!(
         "{:<36} {:>9} {:>9} {:>9} {:>9}",
-        format!("last look, {n} netns known"),
+        what,
         ms(percentile(&times, 500)),
         ms(percentile(&times, 990)),
         ms(mean),
         ms(*times.last().expect("samples"))
     );
+}
+
+/// A tmpfs mounted and unmounted in turn on a directory: one change of
+/// the mount table per flip. Unmounted on drop.
+struct MountToggle {
+    target: std::ffi::CString,
+    mounted: bool,
+}
+
+impl MountToggle {
+    fn new(dir: &std::path::Path) -> Self {
+        use std::os::unix::ffi::OsStrExt as _;
+        Self { target: std::ffi::CString::new(dir.as_os_str().as_bytes()).expect("a path"), mounted: false }
+    }
+
+    fn flip(&mut self) {
+        // SAFETY: NUL-terminated strings; a tmpfs on our own temp dir.
+        let rc = unsafe {
+            if self.mounted {
+                libc::umount2(self.target.as_ptr(), libc::MNT_DETACH)
+            } else {
+                libc::mount(c"nrblook".as_ptr(), self.target.as_ptr(), c"tmpfs".as_ptr(), 0, std::ptr::null())
+            }
+        };
+        assert!(rc == 0, "mount toggle: {}", std::io::Error::last_os_error());
+        self.mounted = !self.mounted;
+    }
+}
+
+impl Drop for MountToggle {
+    fn drop(&mut self) {
+        if self.mounted {
+            // SAFETY: as in flip.
+            unsafe { libc::umount2(self.target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
 }
 
 fn main() {

@@ -7,6 +7,7 @@
 //! Everything here does blocking file-system work: call it from a thread,
 //! never from the async runtime.
 
+pub mod listmount;
 pub mod mountinfo;
 
 use std::{
@@ -160,6 +161,11 @@ impl MountChanges {
 /// change not yet counted leaves the result one change behind, never
 /// wrong about what it lists; the count that follows asks for a new scan,
 /// and resyncs always read afresh.
+///
+/// When the configured table is this thread's own (mount namespace and
+/// root), it is read through listmount/statmount where the kernel has
+/// them (6.8+): after a counted change only the mounts added since are
+/// asked about. Otherwise, and after any failure of those calls, the text.
 #[derive(Debug)]
 pub struct MountReader {
     changes: Arc<MountChanges>,
@@ -168,18 +174,52 @@ pub struct MountReader {
     last: BTreeMap<u32, Sighting>,
     last_count: Option<u64>,
     reads: u64,
+    /// The kernel's mount list, until it failed once for good.
+    kernel: Option<listmount::KernelMounts>,
+    kernel_reads: u64,
+    /// Why the kernel's list was not used once was logged (not again).
+    told: bool,
+    netns: Vec<mountinfo::NetnsMount>,
 }
 
 impl MountReader {
     #[must_use]
     pub fn new(changes: Arc<MountChanges>) -> Self {
-        Self { changes, text: String::new(), last: BTreeMap::new(), last_count: None, reads: 0 }
+        Self {
+            changes,
+            text: String::new(),
+            last: BTreeMap::new(),
+            last_count: None,
+            reads: 0,
+            kernel: Some(listmount::KernelMounts::default()),
+            kernel_reads: 0,
+            told: false,
+            netns: Vec::new(),
+        }
+    }
+
+    /// A reader that always reads the text (tests and benches compare).
+    #[must_use]
+    pub fn text_only(changes: Arc<MountChanges>) -> Self {
+        Self { kernel: None, told: true, ..Self::new(changes) }
     }
 
     /// Times the table was read (a measure of the work saved).
     #[must_use]
     pub fn reads(&self) -> u64 {
         self.reads
+    }
+
+    /// Reads of those made through listmount/statmount.
+    #[must_use]
+    pub fn kernel_reads(&self) -> u64 {
+        self.kernel_reads
+    }
+
+    /// statmount calls made so far (a measure of the work per change).
+    #[must_use]
+    pub fn statmounts(&self) -> u64 {
+        self.kernel.as_ref().map_or(0, listmount::KernelMounts::statmounts)
     }
 
     /// The netns bind mounts, by inode: the last read's when no change was
@@ -192,21 +232,61 @@ impl MountReader {
         if !fresh && count.is_some() && count == self.last_count {
             return Ok(&self.last);
         }
+        // Whether a change was counted since the last read: without one
+        // (a resync, an unwatched table) every mount is asked again.
+        let counted = !fresh && count.is_some() && self.last_count.is_some();
         self.last_count = None;
         self.last.clear();
         self.reads += 1;
-        read_into(&paths.mountinfo, &mut self.text)
-            .map_err(|source| DiscoveryError::Read { path: paths.mountinfo.clone(), source })?;
-        add_mounts(&mut self.last, &self.text);
+        if self.read_kernel(paths, counted) {
+            self.kernel_reads += 1;
+        } else {
+            read_into(&paths.mountinfo, &mut self.text)
+                .map_err(|source| DiscoveryError::Read { path: paths.mountinfo.clone(), source })?;
+            add_mounts(&mut self.last, mountinfo::parse(&self.text));
+        }
         // The host's mount table, when ours is another: paths as the host
         // (and the CNI runtime) names them.
         if let Some(table) = paths.host_mountinfo()
             && read_into(&table, &mut self.text).is_ok()
         {
-            add_mounts(&mut self.last, &self.text);
+            add_mounts(&mut self.last, mountinfo::parse(&self.text));
         }
         self.last_count = count;
         Ok(&self.last)
+    }
+
+    /// The configured table through listmount/statmount into `last`;
+    /// false: read the text instead.
+    fn read_kernel(&mut self, paths: &DiscoveryPaths, counted: bool) -> bool {
+        let Some(kernel) = self.kernel.as_mut() else { return false };
+        if let Err(e) = listmount::is_own_table(&paths.proc_root, &paths.mountinfo) {
+            if !self.told {
+                self.told = true;
+                tracing::debug!("mount table: reading the text ({e})");
+            }
+            kernel.forget();
+            return false;
+        }
+        if !counted {
+            kernel.forget();
+        }
+        match kernel.read(counted, &mut self.netns) {
+            Ok(()) => {
+                add_mounts(&mut self.last, self.netns.drain(..));
+                true
+            }
+            Err(e) => {
+                if e.is_permanent() {
+                    tracing::info!("mount table: listmount/statmount unusable ({e}); reading the text");
+                    self.kernel = None;
+                } else if !self.told {
+                    self.told = true;
+                    tracing::debug!("mount table: listmount/statmount failed ({e}); reading the text this time");
+                }
+                false
+            }
+        }
     }
 
     /// Every netns visible, by inode (see [`scan`]); the mounts as
@@ -227,8 +307,8 @@ fn read_into(path: &Path, text: &mut String) -> io::Result<()> {
     fs::File::open(path)?.read_to_string(text).map(drop)
 }
 
-fn add_mounts(found: &mut BTreeMap<u32, Sighting>, text: &str) {
-    for m in mountinfo::parse(text) {
+fn add_mounts(found: &mut BTreeMap<u32, Sighting>, mounts: impl IntoIterator<Item = mountinfo::NetnsMount>) {
+    for m in mounts {
         let s = found.entry(m.inode).or_default();
         if !s.bind_mounts.contains(&m.path) {
             s.bind_mounts.push(m.path);
@@ -376,7 +456,232 @@ mod tests {
         assert!(reader.mounts(&paths, false).is_err());
         changes.changed();
         assert!(reader.mounts(&paths, false).is_err());
+        // A plain file is never this process's table: always the text.
+        assert_eq!(reader.kernel_reads(), 0);
+        assert!(matches!(
+            listmount::is_own_table(Path::new("/proc"), &table),
+            Err(listmount::KernelMountsError::OtherTable { .. })
+        ));
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_a_table_of_our_mount_namespace_and_root_is_listed_by_the_kernel() {
+        let proc = Path::new("/proc");
+        for own in ["/proc/self/mountinfo", "/proc/thread-self/mountinfo"] {
+            listmount::is_own_table(proc, Path::new(own)).unwrap_or_else(|e| panic!("{own}: {e}"));
+        }
+        for other in ["/proc/self/mounts", "/etc/mountinfo", "/proc/self/task/mountinfo", "/proc/nope/mountinfo"] {
+            assert!(listmount::is_own_table(proc, Path::new(other)).is_err(), "{other}");
+        }
+    }
+
+    /// A kernel without listmount (before 6.8), or a seccomp profile that
+    /// refuses it: the text, at once and from then on, and the same result.
+    #[test]
+    fn a_kernel_that_refuses_listmount_leaves_the_text() {
+        let paths = DiscoveryPaths::default();
+        for (errno, permanent) in [(libc::ENOSYS, true), (libc::EPERM, true), (libc::ENOMEM, false)] {
+            let changes = Arc::new(MountChanges::default());
+            let mut reader = MountReader::new(Arc::clone(&changes));
+            if let Some(kernel) = reader.kernel.as_mut() {
+                kernel.fail_with = Some(errno);
+            }
+            let text = || MountReader::text_only(Arc::default()).mounts(&paths, true).expect("reads").clone();
+            // Other processes mount meanwhile: compared when the text
+            // did not change around the read.
+            let settled = (0..20).any(|_| {
+                let before = text();
+                let seen = reader.mounts(&paths, true).expect("reads").clone();
+                before == seen && seen == text()
+            });
+            assert!(settled, "errno {errno}: the reader never gave the text's mounts");
+            assert_eq!(reader.kernel_reads(), 0, "errno {errno}");
+            assert_eq!(reader.kernel.is_none(), permanent, "errno {errno}: given up for good");
+        }
+    }
+
+    fn assert_root() {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert!(root, "this test mounts and creates network namespaces: run it as root");
+    }
+
+    /// Whether this kernel has listmount(2), asked without the code under
+    /// test: the test expects the kernel's list exactly when it has.
+    fn kernel_has_listmount() -> bool {
+        #[repr(C)]
+        struct Req {
+            size: u32,
+            spare: u32,
+            mnt_id: u64,
+            param: u64,
+        }
+        let req = Req { size: 24, spare: 0, mnt_id: u64::MAX, param: 0 };
+        let mut ids = [0u64; 4];
+        // SAFETY: a valid request and room for 4 ids.
+        let rc = unsafe { libc::syscall(458, &raw const req, ids.as_mut_ptr(), ids.len(), 0) };
+        rc >= 0 || io::Error::last_os_error().raw_os_error() != Some(libc::ENOSYS)
+    }
+
+    /// Runs `f` on a thread in a mount namespace of its own (private, a
+    /// tmpfs on /run/netns): no other process's mounts come and go in it,
+    /// and whatever the test leaves mounted goes with the thread.
+    fn in_own_mount_namespace(f: impl FnOnce() + Send) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let check = |rc: libc::c_int, what: &str| assert!(rc == 0, "{what}: {}", io::Error::last_os_error());
+                fs::create_dir_all("/run/netns").expect("creates /run/netns");
+                // SAFETY: plain syscalls on this thread's own mount
+                // namespace; NUL-terminated literals.
+                unsafe {
+                    check(libc::unshare(libc::CLONE_NEWNS), "unshare(CLONE_NEWNS)");
+                    let none = std::ptr::null();
+                    check(
+                        libc::mount(none, c"/".as_ptr(), none, libc::MS_REC | libc::MS_PRIVATE, none.cast()),
+                        "private /",
+                    );
+                    check(
+                        libc::mount(c"nrmnt9".as_ptr(), c"/run/netns".as_ptr(), c"tmpfs".as_ptr(), 0, none.cast()),
+                        "tmpfs",
+                    );
+                }
+                f();
+            })
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        });
+    }
+
+    fn ip(args: &[&str]) {
+        let status = std::process::Command::new("ip").args(args).status().expect("runs ip (iproute2)");
+        assert!(status.success(), "ip {args:?}: {status}");
+    }
+
+    /// Named netns `nrmnt9-*`, deleted on drop (so also on failure).
+    struct TestNetns(String);
+
+    impl TestNetns {
+        fn new(tag: &str) -> Self {
+            let name = format!("nrmnt9-{}-{tag}", std::process::id());
+            ip(&["netns", "add", &name]);
+            Self(name)
+        }
+
+        fn path(&self) -> PathBuf {
+            PathBuf::from(format!("/run/netns/{}", self.0))
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+
+    fn mount(source: Option<&Path>, target: &Path, fstype: Option<&std::ffi::CStr>, flags: libc::c_ulong) {
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("a path without NUL");
+        let source = source.map(c);
+        let target = c(target);
+        // SAFETY: NUL-terminated strings or null pointers.
+        let rc = unsafe {
+            libc::mount(
+                source.as_ref().map_or(std::ptr::null(), |s| s.as_ptr()),
+                target.as_ptr(),
+                fstype.map_or(std::ptr::null(), std::ffi::CStr::as_ptr),
+                flags,
+                std::ptr::null(),
+            )
+        };
+        assert!(rc == 0, "mount {target:?} ({flags:#x}): {}", io::Error::last_os_error());
+    }
+
+    /// The kernel's list gives what the text gives, after netns are added,
+    /// mounted again at a path mountinfo escapes, moved and deleted; and
+    /// each change costs statmount calls for the mounts it added only. On
+    /// kernels without listmount (before 6.8) the text is read.
+    #[test]
+    fn the_kernel_list_and_the_text_agree_after_adds_moves_and_deletes() {
+        assert_root();
+        let has_listmount = kernel_has_listmount();
+        in_own_mount_namespace(|| {
+            let paths = DiscoveryPaths {
+                proc_root: "/proc".into(),
+                mountinfo: "/proc/thread-self/mountinfo".into(),
+                host_root: None,
+            };
+            let changes = Arc::new(MountChanges::default());
+            changes.watching();
+            let mut kernel = MountReader::new(Arc::clone(&changes));
+            let mut text = MountReader::text_only(Arc::default());
+            let mut agree = |what: &str| {
+                changes.changed();
+                let seen = kernel.mounts(&paths, false).expect("reads").clone();
+                assert_eq!(seen, *text.mounts(&paths, true).expect("reads"), "{what}");
+                let reads = if has_listmount { kernel.reads() } else { 0 };
+                assert_eq!(kernel.kernel_reads(), reads, "{what}: listmount {has_listmount}");
+                (seen, kernel.statmounts())
+            };
+            let inode = |p: &Path| u32::try_from(inode_of(p).expect("a netns file")).expect("32-bit inode");
+            let bound = |seen: &BTreeMap<u32, Sighting>, ns: u32| seen.get(&ns).map(|s| s.bind_mounts.clone());
+
+            let (seen, asked) = agree("at first");
+            assert!(seen.is_empty(), "a fresh /run/netns: {seen:?}");
+            let a = TestNetns::new("a");
+            let b = TestNetns::new("b");
+            let (ia, ib) = (inode(&a.path()), inode(&b.path()));
+            let (seen, asked_after) = agree("after two adds");
+            assert_eq!(bound(&seen, ia), Some(vec![a.path()]));
+            assert_eq!(bound(&seen, ib), Some(vec![b.path()]));
+            if has_listmount {
+                // Two bind mounts (and /run/netns made shared: no mount).
+                assert_eq!(asked_after - asked, 2, "only the new mounts are asked");
+            }
+
+            // A second mount of `a`, in a private directory (a mount under a
+            // shared one cannot be moved), at a name mountinfo escapes.
+            let dir = PathBuf::from("/run/netns/nrmnt9-moves");
+            fs::create_dir(&dir).expect("mkdir");
+            mount(Some(Path::new("nrmnt9")), &dir, Some(c"tmpfs"), 0);
+            mount(None, &dir, None, libc::MS_PRIVATE);
+            let odd = dir.join("one two\tthree\\four\nfive");
+            fs::write(&odd, "").expect("a mount point");
+            mount(Some(&a.path()), &odd, None, libc::MS_BIND);
+            let (seen, asked) = agree("after a bind mount at an odd name");
+            assert_eq!(bound(&seen, ia), Some(vec![a.path(), odd.clone()]));
+
+            // Moved: no mount added or gone, every one asked again.
+            let moved = dir.join("moved");
+            fs::write(&moved, "").expect("a mount point");
+            mount(Some(&odd), &moved, None, libc::MS_MOVE);
+            let (seen, asked_after) = agree("after a move");
+            assert_eq!(bound(&seen, ia), Some(vec![a.path(), moved.clone()]));
+            if has_listmount {
+                assert!(asked_after - asked > 4, "a move asks every mount again");
+            }
+
+            // Deleted: `a` lives on through its other mount; nothing asked.
+            drop(a);
+            drop(b);
+            let (seen, asked) = agree("after two deletes");
+            assert_eq!(bound(&seen, ia), Some(vec![moved.clone()]));
+            assert_eq!(bound(&seen, ib), None);
+            let c = TestNetns::new("c");
+            let (seen, asked_after) = agree("after one more add");
+            assert_eq!(bound(&seen, inode(&c.path())), Some(vec![c.path()]));
+            if has_listmount {
+                assert_eq!(asked_after - asked, 1, "deletes are not asked about");
+            }
+
+            // A table of another mount namespace (the process's, not this
+            // thread's) is read as text.
+            let process = DiscoveryPaths { mountinfo: "/proc/self/mountinfo".into(), ..paths.clone() };
+            let mut other = MountReader::new(Arc::default());
+            let theirs = other.mounts(&process, false).expect("reads").clone();
+            assert_eq!(other.kernel_reads(), 0);
+            let ours = |p: &PathBuf| p.starts_with(&dir) || *p == c.path();
+            assert!(theirs.values().all(|s| !s.bind_mounts.iter().any(ours)), "{theirs:?}");
+        });
     }
 
     #[test]
