@@ -275,15 +275,17 @@ fn in_vm(vm_dir: &Path, series: &str, plan: &plan::Plan, xtask: &Path, bound: Du
         bound.as_secs()
     );
     let mut boot = qemu::boot(&kernel, &initrd, &format!("vm {series}"), bound)?;
-    // A guest kernel that panics before the tests report (once, on 6.12
-    // under TCG: an int3 oops while a tracepoint was being patched in) is
-    // the emulated machine's crash, not a test's result: booted once more,
-    // the first console kept beside the artifacts.
-    if report::Report::parse(&boot.console).result.is_none() && guest_panicked(&boot.console) {
+    // A guest kernel that panics or locks up before the tests report is
+    // the emulated machine's failure, not a test's result: booted once
+    // more, the first console kept beside the artifacts. Seen under TCG:
+    // 6.12 panicked on an int3 oops while a tracepoint was being patched
+    // in; 5.10 stalled with soft lockups on both CPUs (xtask's own process
+    // among them) until the bound. A fault of ours fails the second boot.
+    if report::Report::parse(&boot.console).result.is_none() && guest_kernel_broke(&boot.console) {
         let first = vm_dir.join("artifacts").join(format!("{series}.panic.console.log"));
         fs::write(&first, boot.console.join("\n") + "\n").map_err(io_err(&first))?;
         eprintln!(
-            "xtask: vm-test: the {series} guest kernel panicked before a result (console: {}); booting it once more",
+            "xtask: vm-test: the {series} guest kernel panicked or locked up before a result (console: {}); booting it once more",
             first.display()
         );
         boot = qemu::boot(&kernel, &initrd, &format!("vm {series}"), bound)?;
@@ -304,9 +306,12 @@ fn in_vm(vm_dir: &Path, series: &str, plan: &plan::Plan, xtask: &Path, bound: Du
     Ok(Outcome { target: Target::Vm(series.to_owned()), report, elapsed: boot.elapsed, problem, failure_tail })
 }
 
-/// Whether the guest's console shows its kernel panicking.
-fn guest_panicked(console: &[String]) -> bool {
-    console.iter().any(|line| line.contains("Kernel panic - not syncing"))
+/// Whether the guest's console shows its kernel panicking or its
+/// watchdog reporting a CPU stuck (soft lockup).
+fn guest_kernel_broke(console: &[String]) -> bool {
+    console
+        .iter()
+        .any(|line| line.contains("Kernel panic - not syncing") || line.contains("watchdog: BUG: soft lockup"))
 }
 
 /// `<kernel>.txt`: the `netreap probes` report as printed in that kernel.
@@ -345,10 +350,17 @@ mod tests {
     }
 
     #[test]
-    fn a_guest_kernel_panic_is_told_from_a_test_failure() {
+    fn a_guest_kernel_panic_or_lockup_is_told_from_a_test_failure() {
         let lines = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
-        assert!(guest_panicked(&lines(&["[ 25.7] Oops: int3", "[ 25.8] Kernel panic - not syncing: Fatal exception"])));
-        assert!(!guest_panicked(&lines(&["NETREAP-VM-STEP: fail passed=0 failed=1 skipped=0 | tests/probes.rs"])));
+        assert!(guest_kernel_broke(&lines(&[
+            "[ 25.7] Oops: int3",
+            "[ 25.8] Kernel panic - not syncing: Fatal exception"
+        ])));
+        assert!(guest_kernel_broke(&lines(&[
+            "vm 5.10 | test cni_plugin_runs_report_exec_and_exit ... ok",
+            "[   44.566756] watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [xtask:93]"
+        ])));
+        assert!(!guest_kernel_broke(&lines(&["NETREAP-VM-STEP: fail passed=0 failed=1 skipped=0 | tests/probes.rs"])));
     }
 
     #[test]
