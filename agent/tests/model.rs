@@ -670,3 +670,89 @@ fn cpu_per_netns_cycle_with_a_large_mount_table() {
         watcher.stop().await.expect("clean stop");
     });
 }
+
+/// Reads `socket` until a host route to `marker` arrives (the last change a
+/// test makes) and returns every (kind, family, table, dst_len) it read.
+fn read_until_route(socket: &netreap::netlink::RtnlSocket, marker: IpAddr) -> Vec<(u16, u8, u32, u8)> {
+    use netreap::netlink::{Message, wire};
+    let deadline = Instant::now() + WAIT;
+    let mut buf = vec![0u8; netreap::netlink::RECV_BUFFER];
+    let mut seen = Vec::new();
+    loop {
+        assert!(Instant::now() < deadline, "the marker route never arrived; read {seen:?}");
+        let Some(d) = socket.recv(&mut buf).expect("recv") else {
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        };
+        for (header, payload) in wire::messages(&buf[..d.len]).flatten() {
+            let family = payload.first().copied().unwrap_or(0);
+            let (table, dst_len) = match wire::decode(&header, payload) {
+                Ok(Message::NewRoute(r)) if r.dst == Some(marker) => {
+                    seen.push((header.kind, family, r.table, r.dst_len));
+                    return seen;
+                }
+                Ok(Message::NewRoute(r) | Message::DelRoute(r)) => (r.table, r.dst_len),
+                _ => (0, 0),
+            };
+            seen.push((header.kind, family, table, dst_len));
+        }
+    }
+}
+
+/// The model's socket filter in the kernel: a pod's bridge port views and
+/// its local/prefix routes never reach the model's socket, while a plain
+/// socket on the same groups gets them; links, addresses and host routes
+/// reach both.
+#[test]
+fn the_kernel_drops_the_netlink_noise_the_model_never_reads() {
+    use netreap::netlink::{RtnlSocket, SocketOptions, filter, wire::consts::*};
+    if !possible() {
+        return;
+    }
+    let open = |filtered: bool| {
+        let socket = RtnlSocket::open(&SocketOptions {
+            groups: vec![RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NSID],
+            listen_all_nsid: true,
+            receive_buffer: 8 << 20,
+            nonblocking: true,
+        })
+        .expect("netlink socket");
+        if filtered {
+            socket.attach_filter(&filter::model_notifications()).expect("attach the filter");
+        }
+        socket
+    };
+    let (plain, filtered) = (open(false), open(true));
+    let a = NamedNetns::new();
+    let t = unique("nrm");
+    let (br, hl, pl) = (format!("{t}r"), format!("{t}h"), format!("{t}p"));
+    let (x, y) = octets();
+    let marker: IpAddr = format!("198.18.{x}.{y}").parse().expect("ip");
+    let _bridge = HostThing(vec!["link".into(), "del".into(), br.clone()]);
+    let _host_link = HostThing(vec!["link".into(), "del".into(), hl.clone()]);
+    let _route = HostThing(vec!["route".into(), "del".into(), format!("{marker}/32")]);
+    ip(&["link", "add", &br, "type", "bridge"]);
+    ip(&["link", "add", &hl, "type", "veth", "peer", "name", &pl, "netns", &a.name]);
+    ip(&["link", "set", &hl, "master", &br, "up"]);
+    ip(&["-n", &a.name, "addr", "add", &format!("10.77.{x}.{y}/24"), "dev", &pl]);
+    ip(&["-n", &a.name, "link", "set", &pl, "up"]);
+    ip(&["link", "set", &hl, "nomaster"]);
+    ip(&["route", "add", &format!("{marker}/32"), "dev", &hl]);
+
+    let (heard, kept) = (read_until_route(&plain, marker), read_until_route(&filtered, marker));
+    let is_bridge_view = |m: &&(u16, u8, u32, u8)| {
+        matches!(m.0, libc::RTM_NEWLINK | libc::RTM_DELLINK) && i32::from(m.1) == libc::AF_BRIDGE
+    };
+    let is_route_noise = |m: &&(u16, u8, u32, u8)| {
+        matches!(m.0, libc::RTM_NEWROUTE | libc::RTM_DELROUTE)
+            && (m.2 != RT_TABLE_MAIN || !matches!((m.1, m.3), (AF_INET, 32) | (AF_INET6, 128)))
+    };
+    // The set-up makes the noise, and the plain socket hears it.
+    assert!(heard.iter().any(|m| is_bridge_view(&m)), "no AF_BRIDGE link message heard: {heard:?}");
+    assert!(heard.iter().any(|m| is_route_noise(&m)), "no local or prefix route heard: {heard:?}");
+    // The filtered one hears none of it, and still the links and addresses.
+    assert!(!kept.iter().any(|m| is_bridge_view(&m) || is_route_noise(&m)), "noise passed: {kept:?}");
+    for kind in [libc::RTM_NEWLINK, libc::RTM_NEWADDR] {
+        assert!(kept.iter().any(|m| m.0 == kind), "no message of kind {kind} kept: {kept:?}");
+    }
+}

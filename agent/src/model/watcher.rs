@@ -30,7 +30,7 @@ use crate::{
     discovery::{self, DiscoveryError, DiscoveryPaths, MountChanges},
     kernel::events::KernelEvent,
     netlink::{
-        RECV_BUFFER, RtnlSocket, SocketError, SocketOptions,
+        RECV_BUFFER, RtnlSocket, SocketError, SocketOptions, filter,
         wire::consts::{
             RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_IFADDR, RTNLGRP_IPV6_ROUTE, RTNLGRP_LINK,
             RTNLGRP_NSID,
@@ -128,6 +128,11 @@ impl Watcher {
             receive_buffer: config.receive_buffer,
             nonblocking: true,
         })?;
+        // Without it the model reads the same (the decoder ignores what it
+        // drops), only with about twice the wake-ups in a pod cycle.
+        if let Err(e) = socket.attach_filter(&filter::model_notifications()) {
+            warn!("netlink noise not filtered in the kernel ({e}): every pod's routes wake the agent");
+        }
         // SAFETY: the AsyncFd owns the socket, whose fd is fixed for its
         // whole life.
         let socket = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }

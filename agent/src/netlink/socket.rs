@@ -130,6 +130,12 @@ impl RtnlSocket {
         Ok(Self { socket })
     }
 
+    /// Lets the kernel drop what `program` (classic BPF) rejects before it
+    /// is queued (`SO_ATTACH_FILTER`); see [`super::filter`].
+    pub fn attach_filter(&self, program: &[libc::sock_filter]) -> Result<(), SocketError> {
+        super::filter::attach(self.socket.as_raw_fd(), program).map_err(option("SO_ATTACH_FILTER"))
+    }
+
     /// Sends one request to the kernel.
     pub fn send(&self, request: &[u8]) -> Result<(), SocketError> {
         let kernel = SocketAddr::new(0, 0);

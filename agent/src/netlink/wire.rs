@@ -272,6 +272,12 @@ fn wanted_attributes<'a>(
 /// Decodes one message's payload according to its header.
 pub fn decode(header: &Header, payload: &[u8]) -> Result<Message, WireError> {
     Ok(match header.kind {
+        // Another family's view of a link is not the link: a bridge sends
+        // its ports as AF_BRIDGE (without the veth's peer), and its
+        // DELLINK means the port left the bridge, not that it is gone.
+        RTM_NEWLINK | RTM_DELLINK if payload.first().is_some_and(|&family| i32::from(family) != libc::AF_UNSPEC) => {
+            Message::Other
+        }
         RTM_NEWLINK => Message::NewLink(decode_link(payload)?),
         RTM_DELLINK => Message::DelLink(decode_link(payload)?),
         RTM_NEWADDR => Message::NewAddress(decode_address(payload)?),

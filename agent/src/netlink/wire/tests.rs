@@ -282,3 +282,16 @@ proptest::proptest! {
         let _ = decode(&h, &payload);
     }
 }
+
+#[test]
+fn a_bridge_port_view_of_a_link_is_not_the_link() {
+    // The same veth as the bridge sends it: AF_BRIDGE, no peer attributes.
+    let mut bytes = fake::link(RTM_DELLINK, 0, &veth());
+    bytes[NLMSG_HDRLEN] = libc::AF_BRIDGE as u8;
+    assert_eq!(one(&bytes).1, Message::Other);
+    bytes[4..6].copy_from_slice(&RTM_NEWLINK.to_ne_bytes());
+    assert_eq!(one(&bytes).1, Message::Other);
+    // AF_UNSPEC, the link itself, still decodes.
+    bytes[NLMSG_HDRLEN] = libc::AF_UNSPEC as u8;
+    assert!(matches!(one(&bytes).1, Message::NewLink(_)));
+}
