@@ -28,7 +28,7 @@ use netreap_common::{
 };
 
 use crate::{
-    emit::{header, output},
+    emit::{Wake, header, output},
     kernel::{SKIP, current_task, offsets, read},
 };
 
@@ -248,7 +248,9 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
 
     event.header = header(kind::CNI_EXEC, size_of::<Event<CniExecData>>());
     let _ = CNI_TASKS.insert(tgid, 1, 0);
-    output(event);
+    // Read with the run's exit (or before any decision): one wake-up per
+    // run instead of two.
+    output(event, Wake::Later);
     Ok(0)
 }
 
@@ -358,6 +360,6 @@ fn try_cni_exit() -> Result<u32, i64> {
         header: header(kind::CNI_EXIT, size_of::<Event<CniExitData>>()),
         data: CniExitData { exit_status, _pad: 0 },
     };
-    output(&event);
+    output(&event, Wake::Now);
     Ok(0)
 }

@@ -1,6 +1,7 @@
 //! The ring buffer, the drop counter, and the common header.
 
 use aya_ebpf::{
+    bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_cgroup_id, bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
     macros::map,
     maps::{PerCpuArray, RingBuf},
@@ -32,10 +33,29 @@ pub fn header(kind: u32, len: usize) -> EventHeader {
     }
 }
 
+/// When the agent is woken for a record.
+#[derive(Clone, Copy)]
+pub enum Wake {
+    /// As the kernel decides: when the agent has read everything before.
+    Default,
+    /// Not for this record: the next wake-up reads it (a CNI run's exec
+    /// record, read with its exit; the agent also reads the ring before
+    /// every decision and once a second).
+    Later,
+    /// Now, even when earlier records are unread (a CNI run's exit, which
+    /// brings the execs queued with `Later`).
+    Now,
+}
+
 /// Copies a record into the ring buffer, counting it when it does not fit.
 #[inline(always)]
-pub fn output<T>(event: &Event<T>) {
-    if EVENTS.output::<Event<T>>(event, 0).is_err() {
+pub fn output<T>(event: &Event<T>, wake: Wake) {
+    let flags = match wake {
+        Wake::Default => 0,
+        Wake::Later => u64::from(BPF_RB_NO_WAKEUP),
+        Wake::Now => u64::from(BPF_RB_FORCE_WAKEUP),
+    };
+    if EVENTS.output::<Event<T>>(event, flags).is_err() {
         count_drop();
     }
 }

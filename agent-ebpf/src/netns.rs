@@ -13,7 +13,7 @@ use aya_ebpf::{
 use netreap_common::{Event, NetnsData, kind, via};
 
 use crate::{
-    emit::{header, output},
+    emit::{Wake, header, output},
     kernel::{SKIP, current_task, net_inum, offsets, read, task_netns_inum},
 };
 
@@ -41,7 +41,7 @@ fn emit_netns(kind: u32, netns_inum: u32, prev_inum: u32, via: u32) {
         header: header(kind, size_of::<Event<NetnsData>>()),
         data: NetnsData { netns_inum, prev_inum, via, _pad: 0 },
     };
-    output(&event);
+    output(&event, Wake::Default);
 }
 
 fn remember_current(via: u32) -> Result<u32, i64> {
@@ -176,7 +176,7 @@ fn try_task_newtask(ctx: &RawTracePointContext) -> Result<i32, i64> {
     h.tgid = tgid;
     let event =
         Event { header: h, data: NetnsData { netns_inum: child, prev_inum: parent, via: via::TASK_NEWTASK, _pad: 0 } };
-    output(&event);
+    output(&event, Wake::Default);
     Ok(0)
 }
 

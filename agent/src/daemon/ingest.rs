@@ -60,6 +60,17 @@ impl Agent {
         Ok(())
     }
 
+    /// Ingests what the probes wrote without waking the agent (a CNI run's
+    /// exec record waits for its exit): every decision, and every tick,
+    /// first sees every record the kernel wrote before it.
+    pub(super) async fn catch_up(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        let batch = kernel.pending();
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.on_kernel_batch(batch).await
+    }
+
     /// A CNI run's record into the ledger; when it ended a run, which run
     /// and whether it succeeded.
     fn record_cni_run(&mut self, event: &KernelEvent) -> Option<EndedRun> {
@@ -103,6 +114,7 @@ impl Agent {
     /// `knowledge::SAVE_INTERVAL`), ring-buffer
     /// losses, and CNI runs whose process is gone without an exit record.
     pub(super) async fn housekeeping(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        self.catch_up(kernel).await?;
         // Bounded ledger (issue 13.3, helper `model`): forget containers
         // whose bound netns died, once past an age limit that is never less
         // than the orphan grace (`ledger::dead_binding_max_age` says why).

@@ -187,6 +187,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 
     agent.remember().await;
     agent.recover().await?;
+    agent.catch_up(&mut kernel).await?;
     agent.reconcile(Reason::Startup).await?;
     endpoint.readiness.mark_ready();
     info!(dry_run = agent.config.dry_run, "netreap ready");
@@ -237,19 +238,23 @@ impl Agent {
                     return self.finish_release(release_results).await;
                 }
                 Some(done) = release_results.recv() => {
+                    self.catch_up(kernel).await?;
                     if self.on_release_done(done)? {
                         self.reconcile(Reason::ReleaseDone).await?;
                     }
                 }
                 () = triggers::sleep_until_some(retry_at), if retry_at.is_some() && self.releaser.is_some() => {
+                    self.catch_up(kernel).await?;
                     self.reconcile(Reason::ReleaseRetry).await?;
                 }
                 batch = kernel.next_batch() => self.on_kernel_batch(batch?).await?,
                 () = triggers::sleep_until_some(coalesced_at), if coalesced_at.is_some() => {
+                    self.catch_up(kernel).await?;
                     self.reconcile(Reason::CniExit).await?;
                 }
                 death = deaths.recv() => {
                     let Some(death) = death else { anyhow::bail!("the netns model stopped") };
+                    self.catch_up(kernel).await?;
                     let (containers, mut runs_concerned) = self.on_death(&death);
                     let mut died = vec![(death, containers)];
                     while let Ok(more) = deaths.try_recv() {
@@ -269,12 +274,17 @@ impl Agent {
                 }
                 Some(()) = runtime_events.recv() => {
                     while runtime_events.try_recv().is_ok() {}
+                    self.catch_up(kernel).await?;
                     self.reconcile(Reason::RuntimeEvent).await?;
                 }
                 () = triggers::sleep_until_some(requeue_at), if requeue_at.is_some() => {
+                    self.catch_up(kernel).await?;
                     self.reconcile(Reason::Requeue).await?;
                 }
-                _ = resync.tick() => self.reconcile(Reason::Interval).await?,
+                _ = resync.tick() => {
+                    self.catch_up(kernel).await?;
+                    self.reconcile(Reason::Interval).await?;
+                }
                 _ = housekeeping.tick() => self.housekeeping(kernel).await?,
             }
         }

@@ -8,7 +8,8 @@ use super::{
     probes::{DropCounter, ProbeError, Probes},
 };
 
-/// Reads records as the kernel writes them; see [`KernelStream::next_batch`].
+/// Reads records as the kernel writes them; see [`KernelStream::next_batch`]
+/// and [`KernelStream::pending`].
 pub struct KernelStream {
     ring: AsyncFd<RingBuf<MapData>>,
     drops: DropCounter,
@@ -40,6 +41,18 @@ impl KernelStream {
                 return Ok(batch);
             }
         }
+    }
+
+    /// Every record written so far, without waiting. The probes let a CNI
+    /// run's exec record wait for its exit before waking the agent, so
+    /// whatever decides reads the ring first (see `Agent::catch_up`).
+    pub fn pending(&mut self) -> Vec<Result<KernelEvent, DecodeError>> {
+        let ring = self.ring.get_mut();
+        let mut batch = Vec::new();
+        while let Some(item) = ring.next() {
+            batch.push(decode(&item));
+        }
+        batch
     }
 
     /// Records the kernel dropped since the last call (ring buffer full).
