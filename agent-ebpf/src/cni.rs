@@ -246,11 +246,16 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
         data.flags |= cni_flag::FILENAME_TRUNCATED;
     }
 
+    // A DEL's exec record is read with the run's exit (or before any
+    // decision): one wake-up per DEL instead of two. Any other run's is read
+    // at once: its CNI_NETNS is resolved to a netns identity when read, and
+    // the netns of an ADD that fails may be gone soon after (a DEL that
+    // cannot be resolved keeps what its ADD resolved), even while a DEL's
+    // record waits unread.
+    let is_del = data.command[0] == b'D' && data.command[1] == b'E' && data.command[2] == b'L' && data.command[3] == 0;
     event.header = header(kind::CNI_EXEC, size_of::<Event<CniExecData>>());
     let _ = CNI_TASKS.insert(tgid, 1, 0);
-    // Read with the run's exit (or before any decision): one wake-up per
-    // run instead of two.
-    output(event, Wake::Later);
+    output(event, if is_del { Wake::Later } else { Wake::Now });
     Ok(0)
 }
 

@@ -38,12 +38,12 @@ pub fn header(kind: u32, len: usize) -> EventHeader {
 pub enum Wake {
     /// As the kernel decides: when the agent has read everything before.
     Default,
-    /// Not for this record: the next wake-up reads it (a CNI run's exec
-    /// record, read with its exit; the agent also reads the ring before
-    /// every decision and once a second).
+    /// Not for this record: the next wake-up reads it (a DEL's exec record,
+    /// read with its exit; the agent also reads the ring before every
+    /// decision and once a second).
     Later,
     /// Now, even when earlier records are unread (a CNI run's exit, which
-    /// brings the execs queued with `Later`).
+    /// brings the records queued with `Later`).
     Now,
 }
 

@@ -187,3 +187,62 @@ fn forged_cni_runs_change_nothing_in_the_ledger() {
         assert_eq!(ledger.unattributed_runs().count(), 0);
     });
 }
+
+/// Whether `stream`'s records hold the exec of `pid` with `command`.
+fn holds_exec(records: &[KernelEvent], pid: u32, command: &str) -> bool {
+    records
+        .iter()
+        .any(|e| matches!(e, KernelEvent::CniExec { task, exec } if task.tgid == pid && exec.command.value == command))
+}
+
+/// An ADD's exec record wakes the reader while the run is still going (its
+/// CNI_NETNS is resolved while the netns surely lives); a DEL's waits in the
+/// ring, readable by whoever reads it (the agent, before each decision),
+/// and comes at the latest with the run's exit.
+#[test]
+fn an_add_is_read_at_its_exec_and_a_del_is_readable_before_its_exit() {
+    if !preconditions() {
+        return;
+    }
+    runtime().block_on(async {
+        let mut w = support::watch();
+        let cid = format!("{}{}", unique("nrEwake"), "0".repeat(40));
+        let run = |command: &str| {
+            Command::new("/bin/sleep")
+                .arg("3")
+                .env_clear()
+                .env("CNI_COMMAND", command)
+                .env("CNI_CONTAINERID", &cid)
+                .env("CNI_NETNS", "/var/run/netns/nrEwake")
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("sleep runs")
+        };
+
+        let mut add = run("ADD");
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let mut seen = Vec::new();
+        while !holds_exec(&seen, add.id(), "ADD") {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let Ok(batch) = tokio::time::timeout(left, w.stream.next_batch()).await else {
+                panic!("the ADD's exec record woke no reader within 2 s; read {seen:#?}");
+            };
+            seen.extend(batch.expect("ring buffer readable").into_iter().flatten());
+        }
+        assert!(add.try_wait().expect("wait").is_none(), "read only after the ADD ended");
+        add.kill().expect("kill");
+        add.wait().expect("reap");
+
+        let mut del = run("DEL");
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let mut seen = Vec::new();
+        while !holds_exec(&seen, del.id(), "DEL") {
+            assert!(std::time::Instant::now() < deadline, "the DEL's exec record was not in the ring; read {seen:#?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            seen.extend(w.stream.pending().into_iter().flatten());
+        }
+        assert!(del.try_wait().expect("wait").is_none(), "readable only after the DEL ended");
+        del.kill().expect("kill");
+        del.wait().expect("reap");
+    });
+}
