@@ -175,7 +175,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         cni_anomalies_logged: std::collections::HashSet::new(),
         attachments_dirty: false,
         memory: Memory::default(),
-        resolver: StatResolver::new(crate::discovery::host_root(std::path::Path::new("/proc"), &config.mountinfo)),
+        // The host root found once, with the discovery paths.
+        resolver: StatResolver::new(discovery.host_root.clone()),
         discovery,
         state,
         runtime: runtime::RuntimeSource::new(config.cri_socket.clone()),
