@@ -34,4 +34,6 @@ pub mod release;
 pub mod runtime;
 pub mod sources;
 pub mod telemetry;
+#[cfg(test)]
+mod test_netns;
 pub mod timefmt;

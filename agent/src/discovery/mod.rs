@@ -413,6 +413,7 @@ pub fn candidate_paths(paths: &DiscoveryPaths, sighting: &Sighting) -> Vec<PathB
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_netns::TestNetns;
 
     #[test]
     fn the_mount_table_is_read_again_only_after_a_counted_change() {
@@ -553,32 +554,6 @@ mod tests {
         });
     }
 
-    fn ip(args: &[&str]) {
-        let status = std::process::Command::new("ip").args(args).status().expect("runs ip (iproute2)");
-        assert!(status.success(), "ip {args:?}: {status}");
-    }
-
-    /// Named netns `nrmnt9-*`, deleted on drop (so also on failure).
-    struct TestNetns(String);
-
-    impl TestNetns {
-        fn new(tag: &str) -> Self {
-            let name = format!("nrmnt9-{}-{tag}", std::process::id());
-            ip(&["netns", "add", &name]);
-            Self(name)
-        }
-
-        fn path(&self) -> PathBuf {
-            PathBuf::from(format!("/run/netns/{}", self.0))
-        }
-    }
-
-    impl Drop for TestNetns {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
-    }
-
     fn mount(source: Option<&Path>, target: &Path, fstype: Option<&std::ffi::CStr>, flags: libc::c_ulong) {
         let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).expect("a path without NUL");
         let source = source.map(c);
@@ -626,9 +601,13 @@ mod tests {
             let bound = |seen: &BTreeMap<u32, Sighting>, ns: u32| seen.get(&ns).map(|s| s.bind_mounts.clone());
 
             let (seen, asked) = agree("at first");
-            assert!(seen.is_empty(), "a fresh /run/netns: {seen:?}");
-            let a = TestNetns::new("a");
-            let b = TestNetns::new("b");
+            // Netns mounted on the host when the thread left its mount
+            // namespace are still listed (under the fresh tmpfs): none of
+            // ours yet.
+            let ours = |s: &Sighting| s.bind_mounts.iter().any(|m| m.to_string_lossy().contains("nrmnt9-"));
+            assert!(!seen.values().any(ours), "a fresh /run/netns: {seen:?}");
+            let a = TestNetns::new("nrmnt9-", "a");
+            let b = TestNetns::new("nrmnt9-", "b");
             let (ia, ib) = (inode(&a.path()), inode(&b.path()));
             let (seen, asked_after) = agree("after two adds");
             assert_eq!(bound(&seen, ia), Some(vec![a.path()]));
@@ -666,7 +645,7 @@ mod tests {
             let (seen, asked) = agree("after two deletes");
             assert_eq!(bound(&seen, ia), Some(vec![moved.clone()]));
             assert_eq!(bound(&seen, ib), None);
-            let c = TestNetns::new("c");
+            let c = TestNetns::new("nrmnt9-", "c");
             let (seen, asked_after) = agree("after one more add");
             assert_eq!(bound(&seen, inode(&c.path())), Some(vec![c.path()]));
             if has_listmount {

@@ -733,33 +733,12 @@ mod tests {
     };
 
     use super::*;
+    use crate::test_netns::{TestNetns, ip};
 
     fn assert_root() {
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         assert!(root, "this test creates network namespaces: run it as root");
-    }
-
-    fn ip(args: &[&str]) {
-        let status = Command::new("ip").args(args).status().expect("runs ip (iproute2)");
-        assert!(status.success(), "ip {args:?}: {status}");
-    }
-
-    /// A named netns (prefix `nrL`), removed on drop, so also on failure.
-    struct TestNetns(String);
-
-    impl TestNetns {
-        fn new(tag: &str) -> Self {
-            let name = format!("nrL{}{tag}", std::process::id());
-            ip(&["netns", "add", &name]);
-            Self(name)
-        }
-    }
-
-    impl Drop for TestNetns {
-        fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-        }
     }
 
     /// A process in a netns of its own, mounted nowhere and without nsid.
@@ -800,7 +779,7 @@ mod tests {
         assert!(seen(&mut look, address).is_empty(), "{address} is configured before the test");
         let reads = look.mount_table_reads();
         assert_eq!(reads, 1);
-        let ns = TestNetns::new("m");
+        let ns = TestNetns::new("nrL", "m");
         ip(&["-n", &ns.0, "addr", "add", "10.213.77.1/32", "dev", "lo"]);
         // Other processes on the machine (agents, other suites' looks) give
         // an nsid to every netns they find: one that did so already makes
@@ -946,7 +925,7 @@ mod tests {
         let _one = one_look_at_a_time();
         assert_root();
         let address = IpAddr::from([10, 213, 79, 1]);
-        let ns = TestNetns::new("t");
+        let ns = TestNetns::new("nrL", "t");
         ip(&["-n", &ns.0, "addr", "add", "10.213.79.1/32", "dev", "lo"]);
         let nsid = give_nsid(&ns);
         let here = vec![format!("netns nsid {nsid}")];
@@ -1008,7 +987,7 @@ mod tests {
             match (round / 3) % 4 {
                 0 | 3 => {
                     slots[slot] = None; // deleted first: its nsid may be given again
-                    let ns = TestNetns::new(&format!("c{slot}"));
+                    let ns = TestNetns::new("nrL", &format!("c{slot}"));
                     let nsid = if round % 2 == 0 {
                         ip(&["-n", &ns.0, "addr", "add", &cidr, "dev", "lo"]);
                         give_nsid(&ns)
@@ -1059,7 +1038,7 @@ mod tests {
     fn the_shared_table_is_drained_between_looks() {
         let _one = one_look_at_a_time();
         assert_root();
-        let ns = TestNetns::new("d");
+        let ns = TestNetns::new("nrL", "d");
         let nsid = give_nsid(&ns);
         let mut look = model_look(&SHARED_KEPT, &[(nsid, &ns)]);
         let address = IpAddr::from([10, 213, 83, 1]);
@@ -1085,7 +1064,7 @@ mod tests {
     fn an_overrun_of_the_address_events_seeds_every_table_again() {
         let _one = one_look_at_a_time();
         assert_root();
-        let ns = TestNetns::new("o");
+        let ns = TestNetns::new("nrL", "o");
         let nsid = give_nsid(&ns);
         let mut q = Querier::open().expect("a socket");
         let mut table = AddressTable::open_with_buffer(&mut q, 4096).expect("an events socket");
@@ -1112,7 +1091,7 @@ mod tests {
     fn an_ipv6_address_is_asked_by_a_dump() {
         let _one = one_look_at_a_time();
         assert_root();
-        let ns = TestNetns::new("6");
+        let ns = TestNetns::new("nrL", "6");
         let nsid = give_nsid(&ns);
         let mut look = model_look(&Arc::default(), &[(nsid, &ns)]);
         let v4 = IpAddr::from([10, 213, 82, 1]);
