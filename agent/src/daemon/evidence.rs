@@ -20,6 +20,9 @@ use crate::{
     model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
 
+mod pass;
+pub(crate) use pass::PassIndex;
+
 /// Containers tied to each netns: by inode from the ledger, by path from the
 /// cache. Built once per observation, so a node with many pods stays linear.
 /// This is the one place where containers are joined to netns.
@@ -397,6 +400,25 @@ pub fn observations_in(
     cache_first_seen: Option<&FirstSeen>,
     scope: Scope<'_>,
 ) -> Observations {
+    match scope {
+        Scope::All => observations_walked(snapshot, ledger, cache, watching_since, cache_first_seen, scope),
+        Scope::Concerning(concern) => {
+            PassIndex::new(snapshot, ledger, cache).observations(watching_since, cache_first_seen, concern)
+        }
+    }
+}
+
+/// [`observations_in`] by walking every netns, attachment and cache entry:
+/// the whole node's observations, and (in tests) the reference a concern's
+/// indexed ones must equal.
+fn observations_walked(
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[std::sync::Arc<CachedAttachment>],
+    watching_since: Option<SystemTime>,
+    cache_first_seen: Option<&FirstSeen>,
+    scope: Scope<'_>,
+) -> Observations {
     let mut obs = Observations { watching_since, ..Observations::default() };
     let incarnations = Incarnations::new(snapshot);
     // Bindings first: a concern's netns are found through them.
@@ -553,13 +575,16 @@ pub fn resolution_may_name(inode: u64, nsid: Option<i32>, dead: &NetnsId) -> boo
     dead.inode == Some(inode) || (nsid.is_some() && nsid == dead.nsid) || (dead.inode.is_none() && nsid.is_none())
 }
 
-/// The containers and IPs a set of deaths concerns, from the sources: what
+/// The reference [`PassIndex::death_concern`] must equal (it walks every
+/// netns, attachment and cache entry). The containers and IPs a set of
+/// deaths concerns, from the sources: what
 /// `daemon::targeted::concerned_keys` finds in the whole node's
 /// observations (`extra_dead` are the dead netns the caller adds to them),
 /// without building those. `is_dead` says whether a dead netns (identity,
 /// paths) is one of the deaths; `names_dead` whether a binding's netns may
 /// be one; `dead_ids` are the deaths' identities (a binding resolved from
 /// an inode no death can be is not looked up: [`resolution_may_name`]).
+#[cfg(test)]
 #[must_use]
 pub fn death_concern(
     snapshot: &ModelSnapshot,

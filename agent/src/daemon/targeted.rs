@@ -136,16 +136,18 @@ pub fn concerned_in_sources(
     extra_dead: &[DeadNetns],
     deaths: &[DeathKey],
 ) -> (HashSet<String>, HashSet<IpAddr>) {
-    let ids: Vec<NetnsId> = deaths.iter().map(|d| d.id).collect();
-    let (containers, mut ips) = evidence::death_concern(
-        snapshot,
-        ledger,
-        cache,
-        extra_dead,
-        &ids,
-        |id, paths| deaths.iter().any(|d| d.is(id, paths)),
-        |name| deaths.iter().any(|d| d.may_name(name)),
-    );
+    concerned(&evidence::PassIndex::new(snapshot, ledger, cache), extra_dead, deaths)
+}
+
+/// [`concerned_in_sources`] on a pass's index (shared with the
+/// observations the pass builds next).
+#[must_use]
+pub(crate) fn concerned(
+    index: &evidence::PassIndex<'_>,
+    extra_dead: &[DeadNetns],
+    deaths: &[DeathKey],
+) -> (HashSet<String>, HashSet<IpAddr>) {
+    let (containers, mut ips) = index.death_concern(extra_dead, deaths);
     ips.extend(deaths.iter().flat_map(|d| d.addresses.iter().copied()));
     (containers, ips)
 }
