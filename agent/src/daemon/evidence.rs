@@ -1283,6 +1283,47 @@ mod tests {
                 }
             }
 
+            /// The pass index's answers are exactly the walks': a death's
+            /// concern (containers and IPs), a concern's observations (every
+            /// entry, in order) and each dead netns's containers.
+            #[test]
+            fn the_pass_index_answers_exactly_as_the_walks(
+                (views, ledger, cache, extra) in a_node(),
+                deaths in prop::collection::vec(a_death(), 1..3),
+                containers in prop::collection::hash_set(0usize..6, 0..4),
+                ips in prop::collection::hash_set(1u8..5, 0..3),
+                sandboxes in prop::collection::vec(0usize..3, 0..2),
+            ) {
+                let snapshot = snapshot_of(views);
+                let index = PassIndex::new(&snapshot, &ledger, &cache);
+                let walked = death_concern(
+                    &snapshot,
+                    &ledger,
+                    &cache,
+                    &extra,
+                    &deaths.iter().map(|d| d.id).collect::<Vec<_>>(),
+                    |id, paths| deaths.iter().any(|d| d.is(id, paths)),
+                    |name| deaths.iter().any(|d| d.may_name(name)),
+                );
+                prop_assert_eq!(index.death_concern(&extra, &deaths), walked);
+                let first_seen: FirstSeen = cache.iter().map(|e| (e.path.clone(), t(5))).collect();
+                let concern = Concern {
+                    containers: containers.iter().map(|&c| CIDS[c].to_owned()).collect(),
+                    ips: ips.iter().map(|&n| ip(n)).collect(),
+                    sandbox_paths: sandboxes.into_iter().map(|p| PathBuf::from(PATHS[p])).collect(),
+                };
+                let scope = Scope::Concerning(&concern);
+                let walked = observations_walked(&snapshot, &ledger, &cache, Some(t(3)), Some(&first_seen), scope);
+                prop_assert_eq!(index.observations(Some(t(3)), Some(&first_seen), &concern), walked);
+                for view in &snapshot.netns {
+                    let life = Life::of(view);
+                    prop_assert_eq!(
+                        index.containers_of(&life, &view.bind_mounts),
+                        containers_walked(&ledger, &cache, &life, &view.bind_mounts)
+                    );
+                }
+            }
+
             /// The runs for a concern are the whole node's runs it wants,
             /// each asked on its own (as before the answer was kept per
             /// attachment), in the same order; the unattributed ones always.
