@@ -25,12 +25,10 @@ use crate::{
     engine::{CniOp, DeadNetns, NetnsId, NetnsName, observations::same_netns_path},
     ipam::{
         Reservation, SharedStr,
-        cnicache::CachedAttachment,
         hostlocal::{ReadOwner, read_owner},
         safefs::Dir,
     },
-    ledger::Ledger,
-    model::snapshot::{ModelSnapshot, NetnsDeath},
+    model::snapshot::NetnsDeath,
 };
 
 /// Above this many candidate files, they are read on the blocking pool (and
@@ -127,12 +125,13 @@ pub fn concerned_keys(obs: &crate::engine::Observations, deaths: &[DeathKey]) ->
 
 /// What [`concerned_keys`] finds in the whole node's observations, found in
 /// their sources (`extra_dead`: the dead netns the agent adds to them)
-/// without building those.
+/// without building those (the agent asks [`concerned`] on its pass's index).
+#[cfg(test)]
 #[must_use]
 pub fn concerned_in_sources(
-    snapshot: &ModelSnapshot,
-    ledger: &Ledger,
-    cache: &[std::sync::Arc<CachedAttachment>],
+    snapshot: &crate::model::snapshot::ModelSnapshot,
+    ledger: &crate::ledger::Ledger,
+    cache: &[std::sync::Arc<crate::ipam::cnicache::CachedAttachment>],
     extra_dead: &[DeadNetns],
     deaths: &[DeathKey],
 ) -> (HashSet<String>, HashSet<IpAddr>) {

@@ -43,6 +43,9 @@ fn name_of(p: &Path) -> Option<&OsStr> {
     p.file_name()
 }
 
+/// Positions filed by [`name_of`] a path.
+type ByName<'a> = Map<Option<&'a OsStr>, Vec<usize>>;
+
 /// Pushes `key`'s positions from `map`, if any.
 fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Vec<usize>>, key: &K) {
     out.extend(map.get(key).into_iter().flatten().copied());
@@ -116,21 +119,21 @@ pub(crate) struct PassIndex<'a> {
     /// The snapshot's netns (positions) by each global address.
     views_by_ip: Map<IpAddr, Vec<usize>>,
     /// The snapshot's netns (positions) by each bind mount's last component.
-    views_by_mount: Map<Option<&'a OsStr>, Vec<usize>>,
+    views_by_mount: ByName<'a>,
     ledger: &'a Ledger,
     attachments: Attachments<'a>,
     cache: &'a [Arc<CachedAttachment>],
     /// Cache entries (positions) by container, and by their netns path's
     /// last component.
     cache_by_container: Map<&'a str, Vec<usize>>,
-    cache_by_netns: Map<Option<&'a OsStr>, Vec<usize>>,
+    cache_by_netns: ByName<'a>,
 }
 
 impl<'a> PassIndex<'a> {
     #[must_use]
     pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
-        let (mut views_by_ip, mut views_by_mount): (Map<IpAddr, Vec<usize>>, Map<Option<&OsStr>, Vec<usize>>) =
-            Default::default();
+        let mut views_by_ip: Map<IpAddr, Vec<usize>> = Map::default();
+        let mut views_by_mount: ByName<'a> = Map::default();
         for (i, view) in snapshot.netns.iter().enumerate() {
             for a in view.global_addresses() {
                 views_by_ip.entry(a.ip).or_default().push(i);
@@ -139,8 +142,8 @@ impl<'a> PassIndex<'a> {
                 views_by_mount.entry(name_of(m)).or_default().push(i);
             }
         }
-        let (mut cache_by_container, mut cache_by_netns): (Map<&str, Vec<usize>>, Map<Option<&OsStr>, Vec<usize>>) =
-            Default::default();
+        let mut cache_by_container: Map<&str, Vec<usize>> = Map::default();
+        let mut cache_by_netns: ByName<'a> = Map::default();
         for (i, entry) in cache.iter().enumerate() {
             cache_by_container.entry(entry.container_id.as_str()).or_default().push(i);
             if let Some(path) = entry.netns.as_deref() {
