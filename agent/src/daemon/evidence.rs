@@ -305,6 +305,19 @@ impl Concern {
         if truncated {
             self.containers.iter().any(|c| c.starts_with(container_id))
         } else {
+            self.has_container(container_id)
+        }
+    }
+
+    /// Whether `container_id` is one of the containers. A death concerns a
+    /// few, and this is asked of every attachment and cache entry: comparing
+    /// with each of a few (most differ in their first bytes) costs less than
+    /// hashing a 64-byte ID with SipHash.
+    fn has_container(&self, container_id: &str) -> bool {
+        const FEW: usize = 8;
+        if self.containers.len() <= FEW {
+            self.containers.iter().any(|c| c == container_id)
+        } else {
             self.containers.contains(container_id)
         }
     }
@@ -314,7 +327,7 @@ impl Scope<'_> {
     fn wants_container(self, container_id: &str) -> bool {
         match self {
             Self::All => true,
-            Self::Concerning(c) => c.containers.contains(container_id),
+            Self::Concerning(c) => c.has_container(container_id),
         }
     }
 

@@ -142,9 +142,9 @@ impl Agent {
         let mut concern = concern_of(&containers, &ips, &candidates);
         // The runs alone decide whether the stores are read again: the
         // observations are built once, for the concern that reading gives.
-        let runs = evidence::cni_ops_in(&self.ledger, Scope::Concerning(&concern));
+        let mut runs = Some(evidence::cni_ops_in(&self.ledger, Scope::Concerning(&concern)));
         let owners: Vec<&str> = concern.containers.iter().map(String::as_str).collect();
-        if targeted::may_have_missed(&runs, &self.known, &owners) {
+        if targeted::may_have_missed(runs.as_deref().unwrap_or_default(), &self.known, &owners) {
             // What the last full pass found may lack what those runs wrote.
             // Only the stores are read again (after the sources, in the
             // order a full pass reads them): the observations a full pass
@@ -155,9 +155,13 @@ impl Agent {
             scan_stores_into(self.stores.clone(), &mut self.known).await?;
             candidates = targeted::candidates(&self.known, &containers, &ips);
             concern = concern_of(&containers, &ips, &candidates);
+            // Its containers may have grown: the runs are asked again.
+            runs = None;
         }
         let (watching, first_seen) = (Some(self.watching_since), Some(&self.cache_first_seen));
-        let obs = index.observations(watching, first_seen, &with_sandboxes(&concern, sources.runtime.as_ref()));
+        // The runs already found serve the observations (same containers).
+        let sandboxed = with_sandboxes(&concern, sources.runtime.as_ref());
+        let obs = index.observations_with(watching, first_seen, &sandboxed, runs);
         let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
             targeted::reread(&candidates)
         } else {

@@ -26,7 +26,7 @@ use crate::{
     daemon::targeted::DeathKey,
     engine::{
         Observations,
-        observations::{Binding, BindingSource, DeadNetns, LiveNetns, NetnsName, same_netns_path},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName, same_netns_path},
     },
     fast::Map,
     identity::NetnsId,
@@ -285,11 +285,24 @@ impl<'a> PassIndex<'a> {
         cache_first_seen: Option<&FirstSeen>,
         concern: &Concern,
     ) -> Observations {
+        self.observations_with(watching_since, cache_first_seen, concern, None)
+    }
+
+    /// [`Self::observations`], given the concern's runs when the caller
+    /// already asked for them ([`cni_ops_in`] for the same containers).
+    #[must_use]
+    pub(crate) fn observations_with(
+        &self,
+        watching_since: Option<std::time::SystemTime>,
+        cache_first_seen: Option<&FirstSeen>,
+        concern: &Concern,
+        runs: Option<Vec<CniOp>>,
+    ) -> Observations {
         let scope = super::Scope::Concerning(concern);
         let mut obs = Observations { watching_since, ..Observations::default() };
         // Bindings first (in the ledger's and the cache's order, as the
         // whole node's): a concern's netns are found through them.
-        for a in self.ledger.attachments().filter(|a| concern.containers.contains(&a.container_id)) {
+        for a in self.ledger.attachments().filter(|a| concern.has_container(&a.container_id)) {
             let (names, bound_at) = ledger_names(a, &self.incarnations);
             for netns in names {
                 obs.bindings.push(Binding {
@@ -300,8 +313,8 @@ impl<'a> PassIndex<'a> {
                 });
             }
         }
-        obs.cni_ops = cni_ops_in(self.ledger, scope);
-        for entry in self.cache.iter().filter(|e| concern.containers.contains(&e.container_id)) {
+        obs.cni_ops = runs.unwrap_or_else(|| cni_ops_in(self.ledger, scope));
+        for entry in self.cache.iter().filter(|e| concern.has_container(&e.container_id)) {
             for (netns, seen_at) in cache_names(entry, &self.incarnations, self.ledger, cache_first_seen) {
                 obs.bindings.push(Binding {
                     container_id: entry.container_id.clone(),
