@@ -20,6 +20,9 @@ use crate::{
     model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
 
+mod pass;
+pub(crate) use pass::PassIndex;
+
 /// Containers tied to each netns: by inode from the ledger, by path from the
 /// cache. Built once per observation, so a node with many pods stays linear.
 /// This is the one place where containers are joined to netns.
@@ -302,6 +305,19 @@ impl Concern {
         if truncated {
             self.containers.iter().any(|c| c.starts_with(container_id))
         } else {
+            self.has_container(container_id)
+        }
+    }
+
+    /// Whether `container_id` is one of the containers. A death concerns a
+    /// few, and this is asked of every attachment and cache entry: comparing
+    /// with each of a few (most differ in their first bytes) costs less than
+    /// hashing a 64-byte ID with SipHash.
+    fn has_container(&self, container_id: &str) -> bool {
+        const FEW: usize = 8;
+        if self.containers.len() <= FEW {
+            self.containers.iter().any(|c| c == container_id)
+        } else {
             self.containers.contains(container_id)
         }
     }
@@ -311,7 +327,7 @@ impl Scope<'_> {
     fn wants_container(self, container_id: &str) -> bool {
         match self {
             Self::All => true,
-            Self::Concerning(c) => c.containers.contains(container_id),
+            Self::Concerning(c) => c.has_container(container_id),
         }
     }
 
@@ -390,6 +406,25 @@ pub fn observations(
 /// node's pods.
 #[must_use]
 pub fn observations_in(
+    snapshot: &ModelSnapshot,
+    ledger: &Ledger,
+    cache: &[std::sync::Arc<CachedAttachment>],
+    watching_since: Option<SystemTime>,
+    cache_first_seen: Option<&FirstSeen>,
+    scope: Scope<'_>,
+) -> Observations {
+    match scope {
+        Scope::All => observations_walked(snapshot, ledger, cache, watching_since, cache_first_seen, scope),
+        Scope::Concerning(concern) => {
+            PassIndex::new(snapshot, ledger, cache).observations(watching_since, cache_first_seen, concern)
+        }
+    }
+}
+
+/// [`observations_in`] by walking every netns, attachment and cache entry:
+/// the whole node's observations, and (in tests) the reference a concern's
+/// indexed ones must equal.
+fn observations_walked(
     snapshot: &ModelSnapshot,
     ledger: &Ledger,
     cache: &[std::sync::Arc<CachedAttachment>],
@@ -553,13 +588,16 @@ pub fn resolution_may_name(inode: u64, nsid: Option<i32>, dead: &NetnsId) -> boo
     dead.inode == Some(inode) || (nsid.is_some() && nsid == dead.nsid) || (dead.inode.is_none() && nsid.is_none())
 }
 
-/// The containers and IPs a set of deaths concerns, from the sources: what
+/// The reference [`PassIndex::death_concern`] must equal (it walks every
+/// netns, attachment and cache entry). The containers and IPs a set of
+/// deaths concerns, from the sources: what
 /// `daemon::targeted::concerned_keys` finds in the whole node's
 /// observations (`extra_dead` are the dead netns the caller adds to them),
 /// without building those. `is_dead` says whether a dead netns (identity,
 /// paths) is one of the deaths; `names_dead` whether a binding's netns may
 /// be one; `dead_ids` are the deaths' identities (a binding resolved from
 /// an inode no death can be is not looked up: [`resolution_may_name`]).
+#[cfg(test)]
 #[must_use]
 pub fn death_concern(
     snapshot: &ModelSnapshot,
@@ -1255,6 +1293,47 @@ mod tests {
                 }
                 for n in full.dead.iter().filter(|n| tied(&n.container_ids, &n.addresses)) {
                     prop_assert!(part.dead.contains(n), "{n:?} left out");
+                }
+            }
+
+            /// The pass index's answers are exactly the walks': a death's
+            /// concern (containers and IPs), a concern's observations (every
+            /// entry, in order) and each dead netns's containers.
+            #[test]
+            fn the_pass_index_answers_exactly_as_the_walks(
+                (views, ledger, cache, extra) in a_node(),
+                deaths in prop::collection::vec(a_death(), 1..3),
+                containers in prop::collection::hash_set(0usize..6, 0..4),
+                ips in prop::collection::hash_set(1u8..5, 0..3),
+                sandboxes in prop::collection::vec(0usize..3, 0..2),
+            ) {
+                let snapshot = snapshot_of(views);
+                let index = PassIndex::new(&snapshot, &ledger, &cache);
+                let walked = death_concern(
+                    &snapshot,
+                    &ledger,
+                    &cache,
+                    &extra,
+                    &deaths.iter().map(|d| d.id).collect::<Vec<_>>(),
+                    |id, paths| deaths.iter().any(|d| d.is(id, paths)),
+                    |name| deaths.iter().any(|d| d.may_name(name)),
+                );
+                prop_assert_eq!(index.death_concern(&extra, &deaths), walked);
+                let first_seen: FirstSeen = cache.iter().map(|e| (e.path.clone(), t(5))).collect();
+                let concern = Concern {
+                    containers: containers.iter().map(|&c| CIDS[c].to_owned()).collect(),
+                    ips: ips.iter().map(|&n| ip(n)).collect(),
+                    sandbox_paths: sandboxes.into_iter().map(|p| PathBuf::from(PATHS[p])).collect(),
+                };
+                let scope = Scope::Concerning(&concern);
+                let walked = observations_walked(&snapshot, &ledger, &cache, Some(t(3)), Some(&first_seen), scope);
+                prop_assert_eq!(index.observations(Some(t(3)), Some(&first_seen), &concern), walked);
+                for view in &snapshot.netns {
+                    let life = Life::of(view);
+                    prop_assert_eq!(
+                        index.containers_of(&life, &view.bind_mounts),
+                        containers_walked(&ledger, &cache, &life, &view.bind_mounts)
+                    );
                 }
             }
 

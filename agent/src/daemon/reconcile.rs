@@ -12,14 +12,16 @@ use std::{
 
 use super::{
     Agent,
-    evidence::{self, Concern, Scope},
+    evidence::{self, Concern, PassIndex, Scope},
     runtime::{self, SourceChange, StuckChanges},
     targeted::{self, DeathKey},
     triggers::{self, Reason},
 };
 use crate::{
     engine::{Observations, PodRef, Status, Verdict, decide, decide_one},
-    ipam::{Anomaly, Reservation, ReservationStore, StoreScan, cnicache::CacheScan, scan_all},
+    ipam::{
+        Anomaly, Reservation, ReservationStore, StoreScan, cnicache::CacheScan, hostlocal::HostLocalStore, scan_all,
+    },
     model::snapshot::{ModelSnapshot, NetnsDeath},
     release::{ReleaseError, ReleaseRecord, Releaser, lastlook::KernelLook},
     telemetry::event::ReleaseReason,
@@ -132,31 +134,34 @@ impl Agent {
         let started = Instant::now();
         let sources = self.gather().await?;
         let keys: Vec<DeathKey> = deaths.iter().map(|(d, _)| DeathKey::from(d)).collect();
-        let (containers, ips) = targeted::concerned_in_sources(
-            &sources.snapshot,
-            &self.ledger,
-            &sources.cache.attachments,
-            &self.memory.dead_while_down,
-            &keys,
-        );
+        // Indexed once: the concern and its observations look up the few
+        // netns, attachments and cache entries they touch in it.
+        let index = PassIndex::new(&sources.snapshot, &self.ledger, &sources.cache.attachments);
+        let (containers, ips) = targeted::concerned(&index, &self.memory.dead_while_down, &keys);
         let mut candidates = targeted::candidates(&self.known, &containers, &ips);
         let mut concern = concern_of(&containers, &ips, &candidates);
         // The runs alone decide whether the stores are read again: the
         // observations are built once, for the concern that reading gives.
-        let runs = evidence::cni_ops_in(&self.ledger, Scope::Concerning(&concern));
+        let mut runs = Some(evidence::cni_ops_in(&self.ledger, Scope::Concerning(&concern)));
         let owners: Vec<&str> = concern.containers.iter().map(String::as_str).collect();
-        if targeted::may_have_missed(&runs, &self.known, &owners) {
+        if targeted::may_have_missed(runs.as_deref().unwrap_or_default(), &self.known, &owners) {
             // What the last full pass found may lack what those runs wrote.
             // Only the stores are read again (after the sources, in the
             // order a full pass reads them): the observations a full pass
             // would build for the whole node are not needed to judge these
             // reservations (a verdict reads only its own part of them), and
             // the full pass follows within a second.
-            self.scan_stores().await?;
+            // (The stores alone: the index stays valid.)
+            scan_stores_into(self.stores.clone(), &mut self.known).await?;
             candidates = targeted::candidates(&self.known, &containers, &ips);
             concern = concern_of(&containers, &ips, &candidates);
+            // Its containers may have grown: the runs are asked again.
+            runs = None;
         }
-        let obs = self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern));
+        let (watching, first_seen) = (Some(self.watching_since), Some(&self.cache_first_seen));
+        // The runs already found serve the observations (same containers).
+        let sandboxed = with_sandboxes(&concern, sources.runtime.as_ref());
+        let obs = index.observations_with(watching, first_seen, &sandboxed, runs);
         let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
             targeted::reread(&candidates)
         } else {
@@ -176,8 +181,10 @@ impl Agent {
                 concern.containers.insert(container);
                 concern.ips.insert(ip);
             }
-            self.observations(&sources, sources.runtime.clone(), Scope::Concerning(&concern))
+            index.observations(watching, first_seen, &with_sandboxes(&concern, sources.runtime.as_ref()))
         };
+        drop(index);
+        let obs = self.completed(obs, &sources, sources.runtime.clone());
         let now = SystemTime::now();
         let verdicts = decide(&obs, &reservations, now, &self.policy);
         let changed = self.changes_among(&verdicts, &obs);
@@ -235,19 +242,7 @@ impl Agent {
     /// found few enough reservations to read them here: the hand-off to
     /// another thread would cost more than the reading.
     async fn scan_stores(&mut self) -> anyhow::Result<StoreScan> {
-        let stores = self.stores.clone();
-        let scan = move || {
-            let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
-            scan_all(&stores)
-        };
-        let scan_started = SystemTime::now();
-        let scan = if self.known.scanned_since.is_some() && self.known.len() <= targeted::INLINE_REREAD_LIMIT {
-            scan()
-        } else {
-            tokio::task::spawn_blocking(scan).await?
-        };
-        self.known = targeted::Known::new(&scan.reservations, scan_started);
-        Ok(scan)
+        scan_stores_into(self.stores.clone(), &mut self.known).await
     }
 
     /// How often a pending verdict is looked at while the runtime answers.
@@ -311,23 +306,15 @@ impl Agent {
         runtime: Option<crate::engine::RuntimeView>,
         scope: Scope<'_>,
     ) -> Observations {
-        // The runtime's sandbox paths of a concern's containers: the engine
-        // asks which live netns is at each.
         let widened;
-        let scope = match (scope, &runtime) {
-            (Scope::Concerning(concern), Some(view)) => {
-                let mut c = concern.clone();
-                c.sandbox_paths = concern
-                    .containers
-                    .iter()
-                    .filter_map(|id| view.sandboxes.get(id).and_then(|s| s.netns.clone()))
-                    .collect();
-                widened = c;
+        let scope = match scope {
+            Scope::Concerning(concern) => {
+                widened = with_sandboxes(concern, runtime.as_ref());
                 Scope::Concerning(&widened)
             }
-            (scope, _) => scope,
+            Scope::All => Scope::All,
         };
-        let mut obs = evidence::observations_in(
+        let obs = evidence::observations_in(
             &sources.snapshot,
             &self.ledger,
             &sources.cache.attachments,
@@ -335,6 +322,18 @@ impl Agent {
             Some(&self.cache_first_seen),
             scope,
         );
+        self.completed(obs, sources, runtime)
+    }
+
+    /// The evidence's observations with what the agent adds to them: the
+    /// runtime's view, the netns that died while it was down, the earlier
+    /// runs' watch windows and the Kubernetes API's pods.
+    fn completed(
+        &mut self,
+        mut obs: Observations,
+        sources: &Sources,
+        runtime: Option<crate::engine::RuntimeView>,
+    ) -> Observations {
         obs.set_runtime(runtime);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
@@ -516,4 +515,33 @@ impl Agent {
         let bin_dirs = self.config.cni_bin_dirs.clone();
         KernelLook::new(nsids, inodes, in_flight, bin_dirs).with_mount_table(self.discovery.clone())
     }
+}
+
+/// A concern with the runtime's sandbox paths of its containers: the
+/// engine asks which live netns is at each.
+fn with_sandboxes(concern: &Concern, runtime: Option<&crate::engine::RuntimeView>) -> Concern {
+    let mut c = concern.clone();
+    if let Some(view) = runtime {
+        c.sandbox_paths =
+            concern.containers.iter().filter_map(|id| view.sandboxes.get(id).and_then(|s| s.netns.clone())).collect();
+    }
+    c
+}
+
+/// Scans every host-local store and keeps what it found for the death path
+/// in `known` (see `Agent::scan_stores`): apart from the agent, so the
+/// death path can scan while its index borrows the ledger.
+async fn scan_stores_into(stores: Vec<HostLocalStore>, known: &mut targeted::Known) -> anyhow::Result<StoreScan> {
+    let scan = move || {
+        let stores: Vec<&dyn ReservationStore> = stores.iter().map(|s| s as &dyn ReservationStore).collect();
+        scan_all(&stores)
+    };
+    let scan_started = SystemTime::now();
+    let scan = if known.scanned_since.is_some() && known.len() <= targeted::INLINE_REREAD_LIMIT {
+        scan()
+    } else {
+        tokio::task::spawn_blocking(scan).await?
+    };
+    *known = targeted::Known::new(&scan.reservations, scan_started);
+    Ok(scan)
 }

@@ -25,12 +25,10 @@ use crate::{
     engine::{CniOp, DeadNetns, NetnsId, NetnsName, observations::same_netns_path},
     ipam::{
         Reservation, SharedStr,
-        cnicache::CachedAttachment,
         hostlocal::{ReadOwner, read_owner},
         safefs::Dir,
     },
-    ledger::Ledger,
-    model::snapshot::{ModelSnapshot, NetnsDeath},
+    model::snapshot::NetnsDeath,
 };
 
 /// Above this many candidate files, they are read on the blocking pool (and
@@ -127,25 +125,28 @@ pub fn concerned_keys(obs: &crate::engine::Observations, deaths: &[DeathKey]) ->
 
 /// What [`concerned_keys`] finds in the whole node's observations, found in
 /// their sources (`extra_dead`: the dead netns the agent adds to them)
-/// without building those.
+/// without building those (the agent asks [`concerned`] on its pass's index).
+#[cfg(test)]
 #[must_use]
 pub fn concerned_in_sources(
-    snapshot: &ModelSnapshot,
-    ledger: &Ledger,
-    cache: &[std::sync::Arc<CachedAttachment>],
+    snapshot: &crate::model::snapshot::ModelSnapshot,
+    ledger: &crate::ledger::Ledger,
+    cache: &[std::sync::Arc<crate::ipam::cnicache::CachedAttachment>],
     extra_dead: &[DeadNetns],
     deaths: &[DeathKey],
 ) -> (HashSet<String>, HashSet<IpAddr>) {
-    let ids: Vec<NetnsId> = deaths.iter().map(|d| d.id).collect();
-    let (containers, mut ips) = evidence::death_concern(
-        snapshot,
-        ledger,
-        cache,
-        extra_dead,
-        &ids,
-        |id, paths| deaths.iter().any(|d| d.is(id, paths)),
-        |name| deaths.iter().any(|d| d.may_name(name)),
-    );
+    concerned(&evidence::PassIndex::new(snapshot, ledger, cache), extra_dead, deaths)
+}
+
+/// [`concerned_in_sources`] on a pass's index (shared with the
+/// observations the pass builds next).
+#[must_use]
+pub(crate) fn concerned(
+    index: &evidence::PassIndex<'_>,
+    extra_dead: &[DeadNetns],
+    deaths: &[DeathKey],
+) -> (HashSet<String>, HashSet<IpAddr>) {
+    let (containers, mut ips) = index.death_concern(extra_dead, deaths);
     ips.extend(deaths.iter().flat_map(|d| d.addresses.iter().copied()));
     (containers, ips)
 }

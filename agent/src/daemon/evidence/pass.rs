@@ -1,0 +1,384 @@
+//! One pass's sources (model snapshot, ledger, CNI cache), indexed once and
+//! shared by the death path's questions: which containers and IPs a death
+//! concerns, and the observations of that concern. Dead netns are kept for
+//! minutes and the ledger and cache with them, so walking them per death made
+//! a release cost in proportion to the node's history; here each question
+//! looks up the few netns, attachments and cache entries it can touch.
+//!
+//! Every lookup gives a superset of what the walk it replaces keeps (an
+//! identity matches only through a shared inode or nsid; two paths that are
+//! the same netns path end in the same component), and the walk's own test
+//! then decides: the answers are exactly the walks' (tests at the end).
+
+use std::{
+    collections::HashSet,
+    ffi::OsStr,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use super::{
+    Concern, ContainerIndex, FirstSeen, Incarnations, Life, cache_names, cache_names_if, cni_ops_in, ledger_names,
+    ledger_names_if, may_be_named, resolution_may_name,
+};
+use crate::{
+    daemon::targeted::DeathKey,
+    engine::{
+        Observations,
+        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName, same_netns_path},
+    },
+    fast::Map,
+    identity::NetnsId,
+    ipam::cnicache::CachedAttachment,
+    ledger::{Attachment, Ledger},
+    model::snapshot::ModelSnapshot,
+};
+
+/// The key paths are filed under: their last component. Paths that
+/// [`same_netns_path`] calls equal have equal component lists once `/var`
+/// is folded and the root dropped, hence the same last one (None for a path
+/// that ends in no name, e.g. `/` or `..`: those share a key too).
+fn name_of(p: &Path) -> Option<&OsStr> {
+    p.file_name()
+}
+
+/// Positions filed by [`name_of`] a path.
+type ByName<'a> = Map<Option<&'a OsStr>, Vec<usize>>;
+
+/// Pushes `key`'s positions from `map`, if any.
+fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Vec<usize>>, key: &K) {
+    out.extend(map.get(key).into_iter().flatten().copied());
+}
+
+/// The ledger's attachments by the netns they name, as
+/// [`super::ledger_names`] and [`super::containers_walked`] read them.
+#[derive(Default)]
+struct Attachments<'a> {
+    /// Not pinned, resolved to an inode: by inode, by nsid when the run
+    /// resolved one, and those without an nsid apart.
+    by_inode: Map<u64, Vec<&'a Attachment>>,
+    by_nsid: Map<i32, Vec<&'a Attachment>>,
+    without_nsid: Vec<&'a Attachment>,
+    /// Pinned to an incarnation: by its inode and by its nsid (an identity
+    /// with neither may be no other: `NetnsId::may_be`).
+    pinned_by_inode: Map<u64, Vec<&'a Attachment>>,
+    pinned_by_nsid: Map<i32, Vec<&'a Attachment>>,
+    /// Known by path alone: by the path's last component.
+    by_path: Map<Option<&'a OsStr>, Vec<&'a Attachment>>,
+}
+
+impl<'a> Attachments<'a> {
+    fn new(ledger: &'a Ledger) -> Self {
+        let mut index = Self::default();
+        for a in ledger.attachments() {
+            match (a.pinned, a.netns_inode, &a.netns_path) {
+                (Some(id), _, _) => {
+                    if let Some(inode) = id.inode {
+                        index.pinned_by_inode.entry(inode).or_default().push(a);
+                    }
+                    if let Some(nsid) = id.nsid {
+                        index.pinned_by_nsid.entry(nsid).or_default().push(a);
+                    }
+                }
+                (None, Some(inode), _) => {
+                    index.by_inode.entry(inode).or_default().push(a);
+                    match a.netns_nsid {
+                        Some(nsid) => index.by_nsid.entry(nsid).or_default().push(a),
+                        None => index.without_nsid.push(a),
+                    }
+                }
+                (None, None, Some(path)) => index.by_path.entry(name_of(Path::new(path))).or_default().push(a),
+                (None, None, None) => {}
+            }
+        }
+        index
+    }
+
+    /// Pinned attachments whose identity may be `id`.
+    fn pinned_sharing<'s>(&'s self, id: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'s, 'a> {
+        let by_inode = id.inode.and_then(|i| self.pinned_by_inode.get(&i)).into_iter().flatten();
+        let by_nsid = id.nsid.and_then(|n| self.pinned_by_nsid.get(&n)).into_iter().flatten();
+        by_inode.chain(by_nsid).copied()
+    }
+
+    /// Attachments whose binding may name `dead`: pinned ones that may be
+    /// it, and those resolved from an (inode, nsid) that
+    /// [`resolution_may_name`] does not rule out.
+    fn may_name<'s>(&'s self, dead: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'s, 'a> {
+        let by_inode = dead.inode.and_then(|i| self.by_inode.get(&i)).into_iter().flatten();
+        let by_nsid = dead.nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten();
+        let without_nsid = if dead.inode.is_none() { self.without_nsid.as_slice() } else { &[] };
+        self.pinned_sharing(dead).chain(by_inode.chain(by_nsid).chain(without_nsid).copied())
+    }
+}
+
+/// See the module.
+pub(crate) struct PassIndex<'a> {
+    pub(crate) incarnations: Incarnations<'a>,
+    /// The snapshot's netns (positions) by each global address.
+    views_by_ip: Map<IpAddr, Vec<usize>>,
+    /// The snapshot's netns (positions) by each bind mount's last component.
+    views_by_mount: ByName<'a>,
+    ledger: &'a Ledger,
+    attachments: Attachments<'a>,
+    cache: &'a [Arc<CachedAttachment>],
+    /// Cache entries (positions) by container, and by their netns path's
+    /// last component.
+    cache_by_container: Map<&'a str, Vec<usize>>,
+    cache_by_netns: ByName<'a>,
+}
+
+impl<'a> PassIndex<'a> {
+    #[must_use]
+    pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
+        let mut views_by_ip: Map<IpAddr, Vec<usize>> = Map::default();
+        let mut views_by_mount: ByName<'a> = Map::default();
+        for (i, view) in snapshot.netns.iter().enumerate() {
+            for a in view.global_addresses() {
+                views_by_ip.entry(a.ip).or_default().push(i);
+            }
+            for m in &view.bind_mounts {
+                views_by_mount.entry(name_of(m)).or_default().push(i);
+            }
+        }
+        let mut cache_by_container: Map<&str, Vec<usize>> = Map::default();
+        let mut cache_by_netns: ByName<'a> = Map::default();
+        for (i, entry) in cache.iter().enumerate() {
+            cache_by_container.entry(entry.container_id.as_str()).or_default().push(i);
+            if let Some(path) = entry.netns.as_deref() {
+                cache_by_netns.entry(name_of(Path::new(path))).or_default().push(i);
+            }
+        }
+        Self {
+            incarnations: Incarnations::new(snapshot),
+            views_by_ip,
+            views_by_mount,
+            ledger,
+            attachments: Attachments::new(ledger),
+            cache,
+            cache_by_container,
+            cache_by_netns,
+        }
+    }
+
+    /// Cache entries of a container.
+    fn cache_of<'s>(&'s self, container_id: &str) -> impl Iterator<Item = &'a CachedAttachment> + use<'s, 'a> {
+        let cache = self.cache;
+        self.cache_by_container.get(container_id).into_iter().flatten().map(move |&i| cache[i].as_ref())
+    }
+
+    /// Cache entries whose netns path may be `path`.
+    fn cache_at<'s>(&'s self, path: &'s Path) -> impl Iterator<Item = &'a CachedAttachment> + use<'s, 'a> {
+        let cache = self.cache;
+        self.cache_by_netns.get(&name_of(path)).into_iter().flatten().map(move |&i| cache[i].as_ref())
+    }
+
+    /// What [`super::containers_walked`] answers for one incarnation: the
+    /// same attachments (pinned: by identity; otherwise by inode, bound
+    /// while it held it) and cache entries (by path), looked up.
+    pub(super) fn containers_of(&self, life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
+        let by_inode = life.id.inode.and_then(|i| self.attachments.by_inode.get(&i)).into_iter().flatten();
+        let mut ids: Vec<String> = self
+            .attachments
+            .pinned_sharing(&life.id)
+            .filter(|a| a.pinned.is_some_and(|id| id.may_be(&life.id)))
+            .chain(by_inode.copied().filter(|a| a.netns_bound_at.is_some_and(|at| life.held_inode_at(at))))
+            .map(|a| a.container_id.clone())
+            .collect();
+        for mount in bind_mounts {
+            ids.extend(
+                self.cache_at(mount)
+                    .filter(|e| e.netns.as_deref().is_some_and(|p| same_netns_path(mount, Path::new(p))))
+                    .map(|e| e.container_id.clone()),
+            );
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    /// The containers and IPs these deaths concern (`extra_dead`: the dead
+    /// netns the caller adds to the observations): what
+    /// `daemon::targeted::concerned_keys` finds in the whole node's
+    /// observations, from the sources, looking up only what the deaths can
+    /// name.
+    #[must_use]
+    pub(crate) fn death_concern(
+        &self,
+        extra_dead: &[DeadNetns],
+        deaths: &[DeathKey],
+    ) -> (HashSet<String>, HashSet<IpAddr>) {
+        let is_dead = |id: &NetnsId, paths: &[PathBuf]| deaths.iter().any(|d| d.is(id, paths));
+        let names_dead = |name: &NetnsName| deaths.iter().any(|d| d.may_name(name));
+        let resolve = |inode: u64, nsid: Option<i32>| deaths.iter().any(|d| resolution_may_name(inode, nsid, &d.id));
+        let (mut containers, mut ips) = (HashSet::new(), HashSet::new());
+        // `DeathKey::is`: an identity shares an inode or nsid with it (or it
+        // has neither: then every netns is looked at), or a path is one of its.
+        let mut found: Vec<usize> = Vec::new();
+        for d in deaths {
+            found.extend(self.incarnations.sharing(&d.id));
+            for p in &d.paths {
+                push_filed(&mut found, &self.views_by_mount, &name_of(p));
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        for view in found.into_iter().map(|i| self.incarnations.netns[i]) {
+            let life = Life::of(view);
+            if !view.alive && view.died_at.is_some() && is_dead(&life.id, &view.bind_mounts) {
+                containers.extend(self.containers_of(&life, &view.bind_mounts));
+                ips.extend(view.global_addresses().map(|a| a.ip));
+            }
+        }
+        for dead in extra_dead.iter().filter(|d| is_dead(&d.id, &d.paths)) {
+            containers.extend(dead.container_ids.iter().cloned());
+            ips.extend(dead.addresses.iter().copied());
+        }
+        // Attachments whose binding may name a death: by identity, by the
+        // inode or nsid a run resolved, or by path alone.
+        let mut named: Vec<&Attachment> = deaths.iter().flat_map(|d| self.attachments.may_name(&d.id)).collect();
+        for a in &named {
+            if !containers.contains(&a.container_id)
+                && ledger_names_if(a, &self.incarnations, resolve).0.iter().any(names_dead)
+            {
+                containers.insert(a.container_id.clone());
+            }
+        }
+        for d in deaths {
+            for p in &d.paths {
+                for a in self.attachments.by_path.get(&name_of(p)).into_iter().flatten() {
+                    if !containers.contains(&a.container_id)
+                        && ledger_names_if(a, &self.incarnations, resolve).0.iter().any(names_dead)
+                    {
+                        containers.insert(a.container_id.clone());
+                    }
+                }
+            }
+        }
+        // Cache entries name a death by path, or through their container's
+        // attachment (the run resolved the same path): those are `named`.
+        let mut entries: Vec<&CachedAttachment> =
+            deaths.iter().flat_map(|d| d.paths.iter()).flat_map(|p| self.cache_at(p)).collect();
+        named.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
+        named.dedup_by(|a, b| a.container_id == b.container_id);
+        entries.extend(named.iter().flat_map(|a| self.cache_of(&a.container_id)));
+        for entry in entries {
+            // Path-only names need no first-seen time: only the name is asked.
+            if !containers.contains(&entry.container_id)
+                && cache_names_if(entry, &self.incarnations, self.ledger, None, resolve)
+                    .iter()
+                    .any(|(n, _)| names_dead(n))
+            {
+                containers.insert(entry.container_id.clone());
+            }
+        }
+        (containers, ips)
+    }
+
+    /// [`super::observations_in`] for a concern: the same observations,
+    /// with the netns looked up instead of walked.
+    #[must_use]
+    pub(crate) fn observations(
+        &self,
+        watching_since: Option<std::time::SystemTime>,
+        cache_first_seen: Option<&FirstSeen>,
+        concern: &Concern,
+    ) -> Observations {
+        self.observations_with(watching_since, cache_first_seen, concern, None)
+    }
+
+    /// [`Self::observations`], given the concern's runs when the caller
+    /// already asked for them ([`cni_ops_in`] for the same containers).
+    #[must_use]
+    pub(crate) fn observations_with(
+        &self,
+        watching_since: Option<std::time::SystemTime>,
+        cache_first_seen: Option<&FirstSeen>,
+        concern: &Concern,
+        runs: Option<Vec<CniOp>>,
+    ) -> Observations {
+        let scope = super::Scope::Concerning(concern);
+        let mut obs = Observations { watching_since, ..Observations::default() };
+        // Bindings first (in the ledger's and the cache's order, as the
+        // whole node's): a concern's netns are found through them.
+        for a in self.ledger.attachments().filter(|a| concern.has_container(&a.container_id)) {
+            let (names, bound_at) = ledger_names(a, &self.incarnations);
+            for netns in names {
+                obs.bindings.push(Binding {
+                    container_id: a.container_id.clone(),
+                    netns,
+                    source: BindingSource::CniExec,
+                    seen_at: bound_at,
+                });
+            }
+        }
+        obs.cni_ops = runs.unwrap_or_else(|| cni_ops_in(self.ledger, scope));
+        for entry in self.cache.iter().filter(|e| concern.has_container(&e.container_id)) {
+            for (netns, seen_at) in cache_names(entry, &self.incarnations, self.ledger, cache_first_seen) {
+                obs.bindings.push(Binding {
+                    container_id: entry.container_id.clone(),
+                    netns,
+                    source: BindingSource::CniCache,
+                    seen_at,
+                });
+            }
+        }
+        let attachments: Vec<&Attachment> = concern.containers.iter().filter_map(|c| self.ledger.get(c)).collect();
+        let entries: Vec<&CachedAttachment> = concern.containers.iter().flat_map(|c| self.cache_of(c)).collect();
+        let containers = ContainerIndex::new(attachments.iter().copied(), entries.iter().copied());
+        // The netns the walk could keep: holding one of the IPs, filed under
+        // an inode or identity the containers are bound to or a binding
+        // names, or mounted at a path their cache entries, bindings or
+        // sandboxes name.
+        let mut found: Vec<usize> = Vec::new();
+        for ip in &concern.ips {
+            push_filed(&mut found, &self.views_by_ip, ip);
+        }
+        for a in &attachments {
+            match (a.pinned, a.netns_inode) {
+                (Some(id), _) => found.extend(self.incarnations.sharing(&id)),
+                (None, Some(inode)) if a.netns_bound_at.is_some() => {
+                    push_filed(&mut found, &self.incarnations.by_inode, &inode);
+                }
+                (None, _) => {}
+            }
+        }
+        let mounts = entries.iter().filter_map(|e| e.netns.as_deref().map(Path::new));
+        let named = obs.bindings.iter().filter_map(|b| match &b.netns {
+            NetnsName::Path(p) => Some(p.as_path()),
+            NetnsName::Id(_) => None,
+        });
+        for p in mounts.chain(named).chain(concern.sandbox_paths.iter().map(PathBuf::as_path)) {
+            push_filed(&mut found, &self.views_by_mount, &name_of(p));
+        }
+        for b in &obs.bindings {
+            if let NetnsName::Id(id) = &b.netns {
+                found.extend(self.incarnations.sharing(id));
+            }
+        }
+        found.sort_unstable();
+        found.dedup();
+        for view in found.into_iter().map(|i| self.incarnations.netns[i]) {
+            let life = Life::of(view);
+            let concerned = view.global_addresses().any(|a| concern.ips.contains(&a.ip))
+                || !containers.containers_of(&life, &view.bind_mounts).is_empty()
+                || may_be_named(view, &obs.bindings, &concern.sandbox_paths);
+            if !concerned {
+                continue;
+            }
+            let container_ids = self.containers_of(&life, &view.bind_mounts);
+            let addresses = view.global_addresses().map(|a| a.ip).collect();
+            let paths: Vec<PathBuf> = view.bind_mounts.clone();
+            // As in the whole node's: a netns known only by nsid is alive.
+            match (view.alive, view.died_at) {
+                (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
+                (false, Some(died_at)) => {
+                    obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths });
+                }
+                (false, None) => {}
+            }
+        }
+        obs
+    }
+}
