@@ -208,8 +208,9 @@ fn an_add_is_read_at_its_exec_and_a_del_is_readable_before_its_exit() {
         let mut w = support::watch();
         let cid = format!("{}{}", unique("nrEwake"), "0".repeat(40));
         let run = |command: &str| {
+            // Killed below; long enough to outlast a slow emulated guest.
             Command::new("/bin/sleep")
-                .arg("3")
+                .arg("120")
                 .env_clear()
                 .env("CNI_COMMAND", command)
                 .env("CNI_CONTAINERID", &cid)
@@ -220,12 +221,12 @@ fn an_add_is_read_at_its_exec_and_a_del_is_readable_before_its_exit() {
         };
 
         let mut add = run("ADD");
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let deadline = std::time::Instant::now() + WAIT;
         let mut seen = Vec::new();
         while !holds_exec(&seen, add.id(), "ADD") {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let Ok(batch) = tokio::time::timeout(left, w.stream.next_batch()).await else {
-                panic!("the ADD's exec record woke no reader within 2 s; read {seen:#?}");
+                panic!("the ADD's exec record woke no reader within {WAIT:?}; read {seen:#?}");
             };
             seen.extend(batch.expect("ring buffer readable").into_iter().flatten());
         }
@@ -234,7 +235,7 @@ fn an_add_is_read_at_its_exec_and_a_del_is_readable_before_its_exit() {
         add.wait().expect("reap");
 
         let mut del = run("DEL");
-        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let deadline = std::time::Instant::now() + WAIT;
         let mut seen = Vec::new();
         while !holds_exec(&seen, del.id(), "DEL") {
             assert!(std::time::Instant::now() < deadline, "the DEL's exec record was not in the ring; read {seen:#?}");
