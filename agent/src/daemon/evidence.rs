@@ -480,20 +480,24 @@ fn observations_walked(
                 containers_walked(ledger, cache, &life, &view.bind_mounts)
             }
         };
-        let addresses = view.global_addresses().map(|a| a.ip).collect();
-        let paths: Vec<PathBuf> = view.bind_mounts.clone();
-        // A netns known only by nsid (not openable from here) is as alive
-        // as any: it holds the addresses configured in it.
-        match (view.alive, view.died_at) {
-            (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
-            (false, Some(died_at)) => {
-                obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths });
-            }
-            // Dead without a time cannot anchor a release: leave it out.
-            (false, None) => {}
-        }
+        push_netns(&mut obs, life.id, view, container_ids);
     }
     obs
+}
+
+/// A netns of the model into the observations, live or dead, with the
+/// containers bound to it.
+pub(super) fn push_netns(obs: &mut Observations, id: NetnsId, view: &NetnsView, container_ids: Vec<String>) {
+    let addresses = view.global_addresses().map(|a| a.ip).collect();
+    let paths: Vec<PathBuf> = view.bind_mounts.clone();
+    // A netns known only by nsid (not openable from here) is as alive as
+    // any: it holds the addresses configured in it.
+    match (view.alive, view.died_at) {
+        (true, _) => obs.live.push(LiveNetns { id, container_ids, addresses, paths }),
+        (false, Some(died_at)) => obs.dead.push(DeadNetns { id, died_at, container_ids, addresses, paths }),
+        // Dead without a time cannot anchor a release: leave it out.
+        (false, None) => {}
+    }
 }
 
 /// Whether a binding or a sandbox path may name this netns, as the engine's

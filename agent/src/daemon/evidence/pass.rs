@@ -20,13 +20,13 @@ use std::{
 
 use super::{
     Concern, ContainerIndex, FirstSeen, Incarnations, Life, cache_names, cache_names_if, cni_ops_in, ledger_names,
-    ledger_names_if, may_be_named, resolution_may_name,
+    ledger_names_if, may_be_named, push_netns, resolution_may_name,
 };
 use crate::{
     daemon::targeted::DeathKey,
     engine::{
         Observations,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName, same_netns_path},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, same_netns_path},
     },
     fast::Map,
     identity::NetnsId,
@@ -368,16 +368,7 @@ impl<'a> PassIndex<'a> {
                 continue;
             }
             let container_ids = self.containers_of(&life, &view.bind_mounts);
-            let addresses = view.global_addresses().map(|a| a.ip).collect();
-            let paths: Vec<PathBuf> = view.bind_mounts.clone();
-            // As in the whole node's: a netns known only by nsid is alive.
-            match (view.alive, view.died_at) {
-                (true, _) => obs.live.push(LiveNetns { id: life.id, container_ids, addresses, paths }),
-                (false, Some(died_at)) => {
-                    obs.dead.push(DeadNetns { id: life.id, died_at, container_ids, addresses, paths });
-                }
-                (false, None) => {}
-            }
+            push_netns(&mut obs, life.id, view, container_ids);
         }
         obs
     }
