@@ -326,6 +326,49 @@ fn a_deleted_netns_is_seen_dead_promptly_with_the_addresses_it_held() {
     });
 }
 
+/// The model's socket rests between reads (out of the epoll set) when
+/// nothing needs it. Here the rest is an hour: what the model reports
+/// comes only from the reads that do not wait for it. A snapshot reads
+/// what is queued before it answers, and the death bell (a socket that
+/// hears `RTM_DELNSID` only) reads the death at once.
+#[test]
+fn a_resting_model_reads_what_is_queued_for_a_snapshot_and_hears_a_death_at_once() {
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    runtime().block_on(async {
+        let config = WatcherConfig { rest: Duration::from_hours(1), ..config() };
+        let (watcher, mut deaths) = Watcher::start(config).await.expect("model starts");
+        let a = NamedNetns::new();
+        let t = unique("nrm");
+        let (x, y) = octets();
+        let (first, second) = (format!("10.79.{x}.{y}"), format!("10.79.{x}.{}", y.wrapping_add(1)));
+        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+        ip(&["-n", &a.name, "addr", "add", &format!("{first}/24"), "dev", &format!("{t}a")]);
+        wait_for(&watcher, "the netns and its address", WAIT, |s| {
+            s.live_by_inode(a.inode).filter(|n| addresses(n) == set(&[(&first, 24)])).map(|_| ())
+        })
+        .await;
+
+        // Its notification is queued before `ip` returns (and the model
+        // task does not run meanwhile: `ip` blocks this thread). One
+        // snapshot, no polling.
+        ip(&["-n", &a.name, "addr", "add", &format!("{second}/24"), "dev", &format!("{t}a")]);
+        let s = watcher.snapshot().await.expect("snapshot");
+        let n = s.live_by_inode(a.inode).expect("the netns in the model");
+        assert_eq!(addresses(n), set(&[(&first, 24), (&second, 24)]), "the snapshot missed a queued notification");
+
+        let deleted = Instant::now();
+        a.delete();
+        let death = wait_for_death(&mut deaths, a.inode, DEATH).await;
+        eprintln!("death seen {:?} after `ip netns del`, the model resting", deleted.elapsed());
+        assert_eq!(death.source, DeathSource::RtmDelnsid);
+        assert_eq!(death.addresses.iter().map(|a| (a.ip, a.prefix_len)).collect::<BTreeSet<_>>(), addresses(n));
+        watcher.stop().await.expect("clean stop");
+    });
+}
+
 #[test]
 fn a_netns_held_by_a_process_outlives_its_bind_mount_until_the_process_exits() {
     if !possible() {

@@ -169,6 +169,14 @@ impl Model {
         self.resync.is_ready()
     }
 
+    /// Whether its socket may go unread for a while: synced, and no dump
+    /// or nsid request of its own waits for an answer (a dump's next part
+    /// is made only as the last one is read).
+    #[must_use]
+    pub fn can_rest(&self) -> bool {
+        self.is_ready() && !self.dumps.busy() && self.queries.is_idle()
+    }
+
     #[must_use]
     pub fn resync_in_progress(&self) -> bool {
         self.resync.in_progress()

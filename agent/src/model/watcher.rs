@@ -4,7 +4,7 @@
 
 use std::{
     fs::File,
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, RawFd},
     path::Path,
     sync::{
         Arc,
@@ -14,7 +14,10 @@ use std::{
 };
 
 use tokio::{
-    io::{Interest, unix::AsyncFd},
+    io::{
+        Interest,
+        unix::{AsyncFd, AsyncFdReadyGuard},
+    },
     sync::{mpsc, oneshot},
     task::JoinHandle,
     time::{Instant, MissedTickBehavior},
@@ -67,6 +70,9 @@ pub struct WatcherConfig {
     pub receive_buffer: usize,
     /// Give up on the first sync after this long.
     pub start_timeout: Duration,
+    /// How long the socket goes unread after a read when nothing needs it
+    /// sooner (see [`REST`]).
+    pub rest: Duration,
 }
 
 impl Default for WatcherConfig {
@@ -78,6 +84,7 @@ impl Default for WatcherConfig {
             death_queue: 4096,
             receive_buffer: 8 << 20,
             start_timeout: Duration::from_mins(1),
+            rest: REST,
         }
     }
 }
@@ -133,10 +140,10 @@ impl Watcher {
         if let Err(e) = socket.attach_filter(&filter::model_notifications()) {
             warn!("netlink noise not filtered in the kernel ({e}): every pod's routes wake the agent");
         }
-        // SAFETY: the AsyncFd owns the socket, whose fd is fixed for its
-        // whole life.
-        let socket = unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }
-            .map_err(|e| WatcherError::Poll(e.into()))?;
+        let bell = open_death_bell()
+            .map_err(|e| warn!("no death bell ({e}): the model reads every notification as it comes"))
+            .ok();
+        let socket = ModelSocket::new(socket, bell, config.rest)?;
         let mount_changes = Arc::new(MountChanges::default());
         let (jobs, reports) =
             worker::spawn(config.discovery.clone(), Arc::clone(&mount_changes)).map_err(WatcherError::Thread)?;
@@ -242,7 +249,7 @@ impl ModelHandle {
 
 /// The model's outputs.
 struct Io {
-    socket: AsyncFd<RtnlSocket>,
+    socket: ModelSocket,
     jobs: SyncSender<Job>,
     deaths: mpsc::Sender<NetnsDeath>,
 }
@@ -260,7 +267,7 @@ impl Io {
             for action in actions {
                 match action {
                     Action::Send { request, dump_seq } => {
-                        if let Err(e) = self.socket.get_ref().send(&request) {
+                        if let Err(e) = self.socket.get().send(&request) {
                             warn!("netlink request not sent: {e}");
                             model.send_failed(dump_seq);
                         }
@@ -283,6 +290,232 @@ impl Io {
             }
         }
     }
+}
+
+/// How long the model's socket rests after a read before it is read
+/// again, unless something needs it sooner: a death (the bell), a snapshot,
+/// or an answer to the model's own request. A pod's creation and teardown
+/// send a dozen notifications spread over tens of milliseconds; read as they
+/// come, each woke the agent. Nothing that decides reads the model without
+/// a snapshot, and a snapshot reads what is queued first; nothing in the
+/// model depends on reading promptly either (notifications are read in
+/// order, whenever that is), so resting only changes how often it wakes.
+pub const REST: Duration = Duration::from_millis(20);
+
+/// How often the socket is read when it cannot be put back in the epoll
+/// set.
+const WATCH_RETRY: Duration = Duration::from_millis(2);
+
+/// The model's socket's fd, for the runtime's epoll set while it is
+/// watched. It does not own the fd: [`ModelSocket`] owns the socket and
+/// drops its registration first.
+struct SocketFd(RawFd);
+
+impl AsRawFd for SocketFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+/// The model's socket, watched (read when a datagram arrives) or resting
+/// (out of the epoll set, read when the rest ends, the death bell rings,
+/// or a snapshot is asked for).
+struct ModelSocket {
+    /// Field order matters: the registration goes before the socket.
+    watch: Option<AsyncFd<SocketFd>>,
+    rest_until: Option<Instant>,
+    rest: Duration,
+    /// Hears `RTM_DELNSID` only, and wakes the model at once for it. The
+    /// model socket can rest only while it rings.
+    bell: Option<AsyncFd<RtnlSocket>>,
+    socket: RtnlSocket,
+}
+
+/// A socket on the nsid group of the agent's own netns, filtered to
+/// `RTM_DELNSID`: what makes resting safe for the death path.
+fn open_death_bell() -> Result<AsyncFd<RtnlSocket>, WatcherError> {
+    let bell = RtnlSocket::open(&SocketOptions {
+        groups: vec![RTNLGRP_NSID],
+        listen_all_nsid: false,
+        receive_buffer: 256 << 10,
+        nonblocking: true,
+    })?;
+    // Unfiltered it also rings for each new nsid: more wake-ups, no harm.
+    if let Err(e) = bell.attach_filter(&filter::nsid_deaths()) {
+        warn!("death bell not filtered ({e}): it rings for new nsids too");
+    }
+    // SAFETY: the AsyncFd owns the socket, whose fd is fixed for its life.
+    unsafe { AsyncFd::register_with_interest(bell, Interest::READABLE) }.map_err(|e| WatcherError::Poll(e.into()))
+}
+
+/// Why the model socket was read this turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    /// It was watched and a datagram arrived.
+    Ready,
+    /// Its rest ended.
+    Rested,
+    /// The death bell rang.
+    Bell,
+    /// A snapshot was asked for.
+    Snapshot,
+}
+
+/// What one read of the model socket did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Read {
+    /// At least one datagram (or an overrun) was read.
+    any: bool,
+    /// It ended on "nothing queued" (not on a death or the turn's limit).
+    drained: bool,
+    /// It stopped on a death, which goes out before the rest is read.
+    death: bool,
+}
+
+/// What the model socket does after a turn: keep watching, or rest until
+/// when. `can_rest`: the bell rings, the model is synced and waits for no
+/// answer of its own (its dump parts come only as it reads, and its answers
+/// are queued by the time its request is sent).
+fn next_mode(
+    read: Option<(Cause, Read)>,
+    can_rest: bool,
+    resting: Option<Instant>,
+    now: Instant,
+    rest: Duration,
+) -> Option<Instant> {
+    if !can_rest {
+        return None;
+    }
+    let Some((cause, read)) = read else {
+        return resting;
+    };
+    if !read.drained {
+        // More is queued behind a death or the turn's limit: read it soon.
+        return None;
+    }
+    match cause {
+        Cause::Ready => Some(now + rest),
+        // Quiet through a whole rest: watch until the next notification.
+        Cause::Rested if read.any => Some(now + rest),
+        Cause::Rested => None,
+        // The death's RTM_DELNSID was not there yet (the bell heard it
+        // first): watch for it.
+        Cause::Bell if !read.death => None,
+        Cause::Bell | Cause::Snapshot => resting,
+    }
+}
+
+impl ModelSocket {
+    fn new(socket: RtnlSocket, bell: Option<AsyncFd<RtnlSocket>>, rest: Duration) -> Result<Self, WatcherError> {
+        let mut this = Self { watch: None, rest_until: None, rest, bell, socket };
+        this.watch()?;
+        Ok(this)
+    }
+
+    fn get(&self) -> &RtnlSocket {
+        &self.socket
+    }
+
+    fn watch(&mut self) -> Result<(), WatcherError> {
+        self.rest_until = None;
+        if self.watch.is_none() {
+            // SAFETY: the fd is the socket's, which this struct owns and
+            // drops after the registration (field order); it never changes.
+            let registered =
+                unsafe { AsyncFd::register_with_interest(SocketFd(self.socket.as_raw_fd()), Interest::READABLE) };
+            self.watch = Some(registered.map_err(|e| WatcherError::Poll(e.into()))?);
+        }
+        Ok(())
+    }
+
+    /// Takes the socket out of the epoll set until `until` (never without
+    /// a bell).
+    fn rest(&mut self, until: Instant) {
+        if self.bell.is_some() {
+            self.watch = None;
+            self.rest_until = Some(until);
+        }
+    }
+
+    fn settle(&mut self, read: Option<(Cause, Read)>, can_rest: bool, now: Instant) {
+        let can_rest = can_rest && self.bell.is_some() && !self.rest.is_zero();
+        match next_mode(read, can_rest, self.rest_until, now, self.rest) {
+            Some(until) => self.rest(until),
+            None => {
+                if let Err(e) = self.watch() {
+                    // The epoll set is full (a resource limit): read on a
+                    // short timer instead until it has room again.
+                    warn!("model socket not watched ({e}); read every {WATCH_RETRY:?} instead");
+                    self.rest_until = Some(now + WATCH_RETRY);
+                }
+            }
+        }
+    }
+
+    async fn readable(&self) -> std::io::Result<AsyncFdReadyGuard<'_, SocketFd>> {
+        match &self.watch {
+            Some(w) => w.readable().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Empties the bell (what it heard is read again from the model
+    /// socket, in order). Returns false when it no longer works.
+    async fn bell_rang(&self) -> bool {
+        // Nsid messages are a few dozen bytes.
+        let mut buf = [0u8; 1024];
+        let Some(bell) = &self.bell else {
+            return std::future::pending().await;
+        };
+        let Ok(mut guard) = bell.readable().await else {
+            return false;
+        };
+        loop {
+            match guard.get_inner().recv(&mut buf) {
+                Ok(Some(_)) | Err(SocketError::Overrun) => {}
+                Ok(None) => {
+                    guard.clear_ready();
+                    return true;
+                }
+                Err(e) => {
+                    warn!("death bell failed ({e}): the model reads every notification as it comes");
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Reads what is queued on the model socket, up to a turn's worth; stops
+/// at a death so that it goes out before the datagrams behind it.
+fn read_datagrams(socket: &RtnlSocket, model: &mut Model, buf: &mut [u8]) -> Result<Read, WatcherError> {
+    let mut read = Read::default();
+    for _ in 0..DATAGRAMS_PER_WAKE {
+        match socket.recv(buf) {
+            Ok(Some(d)) => {
+                read.any = true;
+                model.datagram(d.origin_nsid, &buf[..d.len], SystemTime::now());
+                if model.death_pending() {
+                    read.death = true;
+                    return Ok(read);
+                }
+            }
+            Ok(None) => {
+                read.drained = true;
+                return Ok(read);
+            }
+            Err(SocketError::Overrun) => {
+                read.any = true;
+                model.overrun();
+                match socket.grow_receive_buffer() {
+                    Ok(size) => debug!(size, "netlink receive buffer grown after an overrun"),
+                    Err(e) => warn!("cannot grow the netlink receive buffer: {e}"),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(read)
 }
 
 struct Driver {
@@ -362,6 +595,7 @@ impl Driver {
         let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
         housekeeping.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
+            let mut turn: Option<(Cause, Read)> = None;
             tokio::select! {
                 // Commands first: a death's pass waits on a snapshot here,
                 // and what one turn of the event loop queued is bounded
@@ -370,38 +604,32 @@ impl Driver {
                 biased;
                 command = self.commands.recv() => match command {
                     Some(Command::Stop) | None => break,
+                    Some(Command::Snapshot(reply)) => {
+                        // The model as of now: what is queued first.
+                        let read = read_datagrams(self.io.socket.get(), &mut self.model, &mut buf)?;
+                        turn = Some((Cause::Snapshot, read));
+                        let _ = reply.send(self.model.snapshot(SystemTime::now()));
+                    }
                     Some(c) => self.command(c),
                 },
+                rang = self.io.socket.bell_rang() => {
+                    if !rang {
+                        self.io.socket.bell = None;
+                    }
+                    let read = read_datagrams(self.io.socket.get(), &mut self.model, &mut buf)?;
+                    turn = Some((Cause::Bell, read));
+                }
                 guard = self.io.socket.readable() => {
                     let mut guard = guard.map_err(WatcherError::Poll)?;
-                    let mut drained = false;
-                    for _ in 0..DATAGRAMS_PER_WAKE {
-                        match guard.get_inner().recv(&mut buf) {
-                            Ok(Some(d)) => {
-                                self.model.datagram(d.origin_nsid, &buf[..d.len], SystemTime::now());
-                                // A death goes out before the datagrams
-                                // queued behind it are read.
-                                if self.model.death_pending() {
-                                    break;
-                                }
-                            }
-                            Ok(None) => {
-                                drained = true;
-                                break;
-                            }
-                            Err(SocketError::Overrun) => {
-                                self.model.overrun();
-                                match guard.get_inner().grow_receive_buffer() {
-                                    Ok(size) => tracing::debug!(size, "netlink receive buffer grown after an overrun"),
-                                    Err(e) => tracing::warn!("cannot grow the netlink receive buffer: {e}"),
-                                }
-                            }
-                            Err(e) => return Err(e.into()),
-                        }
-                    }
-                    if drained {
+                    let read = read_datagrams(self.io.socket.get(), &mut self.model, &mut buf)?;
+                    if read.drained {
                         guard.clear_ready();
                     }
+                    turn = Some((Cause::Ready, read));
+                }
+                () = sleep_until_due(self.io.socket.rest_until) => {
+                    let read = read_datagrams(self.io.socket.get(), &mut self.model, &mut buf)?;
+                    turn = Some((Cause::Rested, read));
                 }
                 report = self.reports.recv() => match report {
                     Some(r) => self.report(r)?,
@@ -429,6 +657,7 @@ impl Driver {
                 _ = housekeeping.tick() => self.model.tick(SystemTime::now()),
             }
             let sent_death = self.io.flush(&mut self.model)?;
+            self.io.socket.settle(turn, self.model.can_rest(), Instant::now());
             self.notify();
             if sent_death {
                 // The event loop shares this thread: let it take the death
@@ -442,9 +671,6 @@ impl Driver {
 
     fn command(&mut self, command: Command) {
         match command {
-            Command::Snapshot(reply) => {
-                let _ = reply.send(self.model.snapshot(SystemTime::now()));
-            }
             Command::Kernel(events) => {
                 let now = SystemTime::now();
                 for event in &events {
@@ -455,7 +681,7 @@ impl Driver {
                 self.model.start_resync(true);
                 self.resync_waiters.push(reply);
             }
-            Command::Stop => {}
+            Command::Snapshot(_) | Command::Stop => {}
         }
     }
 
@@ -512,5 +738,36 @@ mod tests {
         // A change after the scan asks for the next one.
         debounce.changed(t0 + MOUNT_SCAN_DELAY * 3);
         assert!(debounce.fire(t0 + MOUNT_SCAN_DELAY * 4));
+    }
+
+    #[test]
+    fn the_socket_rests_after_a_drained_read_and_watches_when_anything_needs_it() {
+        let now = Instant::now();
+        let later = now + REST / 2;
+        let drained = Read { any: true, drained: true, death: false };
+        let quiet = Read { any: false, drained: true, death: false };
+        let at_death = Read { any: true, drained: false, death: true };
+        let at_limit = Read { any: true, drained: false, death: false };
+        // Watched, read dry: rest.
+        assert_eq!(next_mode(Some((Cause::Ready, drained)), true, None, now, REST), Some(now + REST));
+        // Not while the model waits for its own answers, or is not synced.
+        assert_eq!(next_mode(Some((Cause::Ready, drained)), false, None, now, REST), None);
+        assert_eq!(next_mode(None, false, Some(later), now, REST), None, "a request sent while resting");
+        // Stopped short (a death first, or the turn's limit): more is queued.
+        for cause in [Cause::Ready, Cause::Rested, Cause::Bell, Cause::Snapshot] {
+            assert_eq!(next_mode(Some((cause, at_death)), true, Some(later), now, REST), None, "{cause:?}");
+            assert_eq!(next_mode(Some((cause, at_limit)), true, Some(later), now, REST), None, "{cause:?}");
+        }
+        // The rest ended: another if it found something, else watch.
+        assert_eq!(next_mode(Some((Cause::Rested, drained)), true, Some(now), now, REST), Some(now + REST));
+        assert_eq!(next_mode(Some((Cause::Rested, quiet)), true, Some(now), now, REST), None);
+        // The bell rang but the RTM_DELNSID was not queued yet: watch for it.
+        assert_eq!(next_mode(Some((Cause::Bell, quiet)), true, Some(later), now, REST), None);
+        // A snapshot's read keeps the rest as it was.
+        assert_eq!(next_mode(Some((Cause::Snapshot, drained)), true, Some(later), now, REST), Some(later));
+        assert_eq!(next_mode(Some((Cause::Snapshot, drained)), true, None, now, REST), None);
+        // A turn that did not read changes nothing.
+        assert_eq!(next_mode(None, true, Some(later), now, REST), Some(later));
+        assert_eq!(next_mode(None, true, None, now, REST), None);
     }
 }

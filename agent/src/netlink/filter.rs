@@ -133,6 +133,24 @@ pub fn model_notifications() -> Vec<sock_filter> {
     ])
 }
 
+/// The death bell's filter: only `RTM_DELNSID` passes. The bell's socket
+/// hears the nsid group of the agent's own netns and carries no requests,
+/// so each datagram it keeps is one netns losing its nsid here.
+#[must_use]
+pub fn nsid_deaths() -> Vec<sock_filter> {
+    use {
+        Op::{At, Jump, Stmt},
+        To::{Label, Next},
+    };
+    assemble(&[
+        Stmt(BPF_LD | BPF_H | BPF_ABS, NLMSG_TYPE),
+        Jump(BPF_JMP | BPF_JEQ | BPF_K, as_loaded(libc::RTM_DELNSID), Next, Label("drop")),
+        Stmt(BPF_RET | BPF_K, KEEP),
+        At("drop"),
+        Stmt(BPF_RET | BPF_K, DROP),
+    ])
+}
+
 /// Attaches `program` to the socket `fd` (`SO_ATTACH_FILTER`).
 pub fn attach(fd: RawFd, program: &[sock_filter]) -> io::Result<()> {
     let len = u16::try_from(program.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -171,10 +189,15 @@ mod tests {
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
     }
 
-    /// Whether the filtered reader receives `datagram`.
+    /// Whether the model's filtered reader receives `datagram`.
     fn kept(datagram: &[u8]) -> bool {
+        kept_by(&model_notifications(), datagram)
+    }
+
+    /// Whether a reader filtered by `program` receives `datagram`.
+    fn kept_by(program: &[sock_filter], datagram: &[u8]) -> bool {
         let (writer, reader) = pair();
-        attach(reader.as_raw_fd(), &model_notifications()).expect("attach");
+        attach(reader.as_raw_fd(), program).expect("attach");
         // SAFETY: a valid fd and a buffer of the stated length.
         let sent = unsafe { libc::send(writer.as_raw_fd(), datagram.as_ptr().cast(), datagram.len(), 0) };
         assert_eq!(sent, datagram.len() as isize);
@@ -265,5 +288,21 @@ mod tests {
         // Too short for the fields the filter reads: the kernel never sends
         // one; dropped rather than read past its end.
         assert!(!kept(&fake::raw(RTM_NEWROUTE, 0, 0, &[])));
+    }
+
+    #[test]
+    fn the_death_bell_hears_nsid_deaths_only() {
+        let bell = nsid_deaths();
+        assert!(kept_by(&bell, &fake::raw(RTM_DELNSID, 0, 0, &[0; 12])));
+        let link = link();
+        for datagram in [
+            fake::raw(RTM_NEWNSID, 0, 0, &[0; 12]),
+            fake::link(RTM_NEWLINK, 0, &link),
+            fake::link(RTM_DELLINK, 0, &link),
+            fake::raw(RTM_DELADDR, 0, 0, &[0; 12]),
+            fake::raw(libc::NLMSG_ERROR as u16, 0, 0, &[0; 12]),
+        ] {
+            assert!(!kept_by(&bell, &datagram));
+        }
     }
 }
