@@ -275,12 +275,17 @@ fn a_nested_runs_records_are_read_with_its_parents_exit() {
     let _quiet = QUIET.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     runtime().block_on(async {
         for (scan, mut w) in both_scans() {
-            // Anything else on the node may wake the reader in the window:
-            // such a try proves nothing, and is tried again.
+            // Anything else on the node (pod cycles of a benchmark) may wake
+            // the reader in the window: such a try proves nothing, and is
+            // tried again; a node never quiet for a second skips the test
+            // (under CI that is a failure).
             let mut tries = 0;
             while matches!(nested_try(&mut w, scan).await, NestedTry::Noisy) {
                 tries += 1;
-                assert!(tries < 8, "{scan}: other records woke the reader in every try: nothing proved");
+                if tries == 20 {
+                    support::skip(&format!("{scan}: other records woke the reader in each of {tries} tries"));
+                    return;
+                }
             }
         }
     });
@@ -291,10 +296,12 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
     let cid = format!("{}{}", unique("nrEnest"), "0".repeat(40));
     let other = format!("{}{}", unique("nrEother"), "0".repeat(40));
     let netns = "/var/run/netns/nrEnest";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("nested-ran");
     // The parent waits for a line before each child (so each one's records
     // are told apart), and for the end of its input before it exits.
     let mut parent = Command::new("/bin/sh")
-        .args(["-c", &format!("read a; CNI_CONTAINERID={other} /bin/true; read b; /bin/true; read c")])
+        .args(["-c", &format!("read a; CNI_CONTAINERID={other} /bin/true; read b; /bin/touch {}; read c", marker.display())])
         .env_clear()
         .env("CNI_COMMAND", "ADD")
         .env("CNI_CONTAINERID", &cid)
@@ -336,14 +343,22 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
         other_pid = other_pid.or_else(|| batch.iter().find_map(|e| exec_of(e, &other)));
     }
 
-    // The nested child: nothing it writes may wake the reader.
+    // The nested child: nothing it writes may wake the reader, from its
+    // exec until well after its exit (its file is made between the two).
     seen.clear();
     writeln!(input, "go").expect("parent reads");
-    let window = std::time::Instant::now() + Duration::from_secs(2);
+    let mut window = std::time::Instant::now() + WAIT;
     let mut nested_pid = None;
     loop {
+        if marker.exists() {
+            window = window.min(std::time::Instant::now() + Duration::from_millis(500));
+        }
         let left = window.saturating_duration_since(std::time::Instant::now());
-        let Ok(batch) = tokio::time::timeout(left, w.stream.next_batch()).await else { break };
+        if left.is_zero() {
+            break;
+        }
+        let step = left.min(Duration::from_millis(20));
+        let Ok(batch) = tokio::time::timeout(step, w.stream.next_batch()).await else { continue };
         let batch: Vec<KernelEvent> = batch.expect("ring buffer readable").into_iter().flatten().collect();
         let Some(pid) = batch.iter().find_map(|e| exec_of(e, &cid)) else {
             // Woken by others before the nested run wrote: not its doing.
@@ -356,6 +371,7 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
         );
         break;
     }
+    assert!(marker.exists(), "{scan}: the nested run did not run within {WAIT:?}");
     if nested_pid.is_some() {
         drop(input);
         parent.wait().expect("reap");
