@@ -287,6 +287,7 @@ fn fingerprint(data: &CniExecData) -> u64 {
 }
 
 #[inline(always)]
+#[expect(clippy::cast_ptr_alignment, reason = "the field is 8-aligned: checked below")]
 fn mix_words<const N: usize>(mut h: u64, bytes: &[u8; N]) -> u64 {
     let words = bytes.as_ptr().cast::<u64>();
     let mut i = 0;
@@ -303,6 +304,7 @@ fn mix_words<const N: usize>(mut h: u64, bytes: &[u8; N]) -> u64 {
 
 /// Zeroes a field word by word (volatile: no memset call, which BPF lacks).
 #[inline(always)]
+#[expect(clippy::cast_ptr_alignment, reason = "the field is 8-aligned: checked below")]
 fn zero<const N: usize>(bytes: &mut [u8; N]) {
     let words = bytes.as_mut_ptr().cast::<u64>();
     let mut i = 0;
@@ -319,9 +321,9 @@ const _: () = {
     assert!((base + core::mem::offset_of!(CniExecData, command)) % 8 == 0);
     assert!((base + core::mem::offset_of!(CniExecData, container_id)) % 8 == 0);
     assert!((base + core::mem::offset_of!(CniExecData, netns)) % 8 == 0);
-    assert!(netreap_common::CNI_COMMAND_LEN % 8 == 0);
-    assert!(netreap_common::CNI_CONTAINER_ID_LEN % 8 == 0);
-    assert!(netreap_common::CNI_NETNS_LEN % 8 == 0);
+    assert!(netreap_common::CNI_COMMAND_LEN.is_multiple_of(8));
+    assert!(netreap_common::CNI_CONTAINER_ID_LEN.is_multiple_of(8));
+    assert!(netreap_common::CNI_NETNS_LEN.is_multiple_of(8));
 };
 
 /// True when the current task's parent is a CNI run with the same

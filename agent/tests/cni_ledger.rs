@@ -301,7 +301,10 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
     // The parent waits for a line before each child (so each one's records
     // are told apart), and for the end of its input before it exits.
     let mut parent = Command::new("/bin/sh")
-        .args(["-c", &format!("read a; CNI_CONTAINERID={other} /bin/true; read b; /bin/touch {}; read c", marker.display())])
+        .args([
+            "-c",
+            &format!("read a; CNI_CONTAINERID={other} /bin/true; read b; /bin/touch {}; read c", marker.display()),
+        ])
         .env_clear()
         .env("CNI_COMMAND", "ADD")
         .env("CNI_CONTAINERID", &cid)
@@ -309,7 +312,7 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
         .stdin(Stdio::piped())
         .spawn()
         .expect("sh runs");
-    let ppid = parent.id();
+    let parent_pid = parent.id();
     let mut input = parent.stdin.take().expect("piped stdin");
     let mut seen: Vec<KernelEvent> = Vec::new();
     let next = async |w: &mut Watch, seen: &mut Vec<KernelEvent>, what: &str| {
@@ -322,7 +325,7 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
     };
     let exec_of = |e: &KernelEvent, container: &str| match e {
         KernelEvent::CniExec { task, exec }
-            if task.tgid != ppid && exec.container_id.as_ref().is_some_and(|c| c.value == container) =>
+            if task.tgid != parent_pid && exec.container_id.as_ref().is_some_and(|c| c.value == container) =>
         {
             Some(task.tgid)
         }
@@ -331,7 +334,7 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
     let exit_of = |e: &KernelEvent, pid: u32| matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == pid);
 
     // The outer ADD's exec wakes the reader.
-    while !holds_exec(&seen, ppid, "ADD") {
+    while !holds_exec(&seen, parent_pid, "ADD") {
         next(w, &mut seen, "the outer ADD's exec").await;
     }
 
@@ -381,14 +384,14 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
     // Its parent's exit wakes the reader and brings them, before it.
     drop(input);
     parent.wait().expect("reap");
-    while !seen.iter().any(|e| exit_of(e, ppid)) {
+    while !seen.iter().any(|e| exit_of(e, parent_pid)) {
         next(w, &mut seen, "the outer ADD's exit").await;
     }
     let at = |pred: &dyn Fn(&KernelEvent) -> bool| seen.iter().position(pred);
     let exec = at(&|e| exec_of(e, &cid).is_some()).unwrap_or_else(|| panic!("{scan}: no nested exec in {seen:#?}"));
     let pid = exec_of(&seen[exec], &cid).expect("an exec");
     let exit = at(&|e| exit_of(e, pid)).unwrap_or_else(|| panic!("{scan}: no nested exit in {seen:#?}"));
-    let parent_exit = at(&|e| exit_of(e, ppid)).expect("the parent's exit");
+    let parent_exit = at(&|e| exit_of(e, parent_pid)).expect("the parent's exit");
     assert!(exec < exit && exit < parent_exit, "{scan}: nested exec, its exit, then the parent's exit: {seen:#?}");
     NestedTry::Proved
 }
