@@ -395,3 +395,67 @@ async fn nested_try(w: &mut Watch, scan: &str) -> NestedTry {
     assert!(exec < exit && exit < parent_exit, "{scan}: nested exec, its exit, then the parent's exit: {seen:#?}");
     NestedTry::Proved
 }
+
+/// A nested run whose parent is killed outlives it: its exec record is read
+/// with the parent's exit, and its own exit wakes the reader (it was
+/// re-parented, so it is nested no longer).
+#[test]
+fn a_nested_run_that_outlives_its_killed_parent_wakes_the_reader_at_its_exit() {
+    if !preconditions() {
+        return;
+    }
+    let _quiet = QUIET.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    runtime().block_on(async {
+        for (scan, mut w) in both_scans() {
+            let cid = format!("{}{}", unique("nrEorphan"), "0".repeat(40));
+            let mut parent = Command::new("/bin/sh")
+                .args(["-c", "/bin/sleep 3 & read a"])
+                .env_clear()
+                .env("CNI_COMMAND", "ADD")
+                .env("CNI_CONTAINERID", &cid)
+                .env("CNI_NETNS", "/var/run/netns/nrEorphan")
+                .stdin(Stdio::piped())
+                .spawn()
+                .expect("sh runs");
+            let parent_pid = parent.id();
+            let deadline = std::time::Instant::now() + WAIT;
+            let child = loop {
+                if let Some(pid) = child_named(parent_pid, "sleep") {
+                    break pid;
+                }
+                assert!(std::time::Instant::now() < deadline, "{scan}: sh started no sleep within {WAIT:?}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            parent.kill().expect("kill");
+            parent.wait().expect("reap");
+            let (_, before) = w
+                .wait_for(
+                    WAIT,
+                    "the killed parent's exit",
+                    |e| matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == parent_pid),
+                )
+                .await;
+            assert!(
+                holds_exec(&before, child, "ADD"),
+                "{scan}: the child's exec is read with its parent's exit: {before:#?}"
+            );
+            let mut seen = Vec::new();
+            while !seen.iter().any(|e| matches!(e, KernelEvent::CniExit { task, .. } if task.tgid == child)) {
+                let Ok(batch) = tokio::time::timeout(WAIT, w.stream.next_batch()).await else {
+                    panic!("{scan}: the orphaned child's exit woke no reader within {WAIT:?}; read {seen:#?}");
+                };
+                seen.extend(batch.expect("ring buffer readable").into_iter().flatten());
+            }
+        }
+    });
+}
+
+/// A child of `parent` whose comm is `comm`, from /proc.
+fn child_named(parent: u32, comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+        let field = |key: &str| status.lines().find_map(|l| l.strip_prefix(key)).map(str::trim);
+        (field("PPid:") == Some(parent.to_string().as_str()) && field("Name:") == Some(comm)).then_some(pid)
+    })
+}
