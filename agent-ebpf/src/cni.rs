@@ -39,9 +39,10 @@ const CHUNK_WORDS: usize = ENV_CHUNK / 8;
 /// Index of `netreap_cni_exec_next` in ENV_TAIL.
 const TAIL_NEXT: u32 = 0;
 
-/// Processes (tgid) that are CNI plugin runs, so their exit is reported.
+/// Processes (tgid) that are CNI plugin runs, so their exit is reported,
+/// each with its run's [`fingerprint`] (0: none, never nested).
 #[map]
-static CNI_TASKS: HashMap<u32, u32> = HashMap::with_max_entries(16384, 0);
+static CNI_TASKS: HashMap<u32, u64> = HashMap::with_max_entries(16384, 0);
 
 /// The exec record is too big for the 512-byte BPF stack: build it here.
 #[map]
@@ -202,9 +203,11 @@ fn begin(variant: u32) -> Result<EnvScan, i64> {
     data.env_scanned = 0;
     data.uid = bpf_get_current_uid_gid() as u32;
     data.scan_variant = variant;
-    data.command[0] = 0;
-    data.container_id[0] = 0;
-    data.netns[0] = 0;
+    // Whole, not only the first byte: the fingerprint hashes every byte,
+    // and a read stops at its NUL.
+    zero(&mut data.command);
+    zero(&mut data.container_id);
+    zero(&mut data.netns);
     data.ifname[0] = 0;
     data.filename[0] = 0;
     data.cni_args[0] = 0;
@@ -247,16 +250,109 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
     }
 
     // A DEL's exec record is read with the run's exit (or before any
-    // decision): one wake-up per DEL instead of two. Any other run's is read
-    // at once: its CNI_NETNS is resolved to a netns identity when read, and
-    // the netns of an ADD that fails may be gone soon after (a DEL that
-    // cannot be resolved keeps what its ADD resolved), even while a DEL's
-    // record waits unread.
+    // decision): one wake-up per DEL instead of two. So is a nested run's
+    // (see `nested`), read with its parent's exit at the latest. Any other
+    // run's is read at once: its CNI_NETNS is resolved to a netns identity
+    // when read, and the netns of an ADD that fails may be gone soon after
+    // (a DEL that cannot be resolved keeps what its ADD resolved), even
+    // while a DEL's record waits unread.
     let is_del = data.command[0] == b'D' && data.command[1] == b'E' && data.command[2] == b'L' && data.command[3] == 0;
+    let own = fingerprint(data);
+    let nested = nested(own);
     event.header = header(kind::CNI_EXEC, size_of::<Event<CniExecData>>());
-    let _ = CNI_TASKS.insert(tgid, 1, 0);
-    output(event, if is_del { Wake::Later } else { Wake::Now });
+    let _ = CNI_TASKS.insert(tgid, own, 0);
+    output(event, if is_del || nested { Wake::Later } else { Wake::Now });
     Ok(0)
+}
+
+/// Flags that make a record's values uncertain: such a run is never taken
+/// for a copy of its parent's.
+const UNCERTAIN: u32 = cni_flag::COMMAND_TRUNCATED
+    | cni_flag::CONTAINER_ID_TRUNCATED
+    | cni_flag::NETNS_TRUNCATED
+    | cni_flag::ENV_SCAN_LIMIT;
+
+/// A hash of the run's CNI_COMMAND, CNI_CONTAINERID and CNI_NETNS, never 0;
+/// 0 for a record whose values may be cut or missing.
+#[inline(always)]
+fn fingerprint(data: &CniExecData) -> u64 {
+    if data.flags & UNCERTAIN != 0 {
+        return 0;
+    }
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    h = mix_words(h, &data.command);
+    h = mix_words(h, &data.container_id);
+    h = mix_words(h, &data.netns);
+    if h == 0 { 1 } else { h }
+}
+
+#[inline(always)]
+#[expect(clippy::cast_ptr_alignment, reason = "the field is 8-aligned: checked below")]
+fn mix_words<const N: usize>(mut h: u64, bytes: &[u8; N]) -> u64 {
+    let words = bytes.as_ptr().cast::<u64>();
+    let mut i = 0;
+    while i < N / 8 {
+        // SAFETY: inside the array; these fields lie at multiples of 8 in
+        // an 8-aligned map value (checked below).
+        let w = unsafe { words.add(i).read() };
+        h = (h ^ w).wrapping_mul(0x0000_0100_0000_01b3);
+        h ^= h >> 29;
+        i += 1;
+    }
+    h
+}
+
+/// Zeroes a field word by word (volatile: no memset call, which BPF lacks).
+#[inline(always)]
+#[expect(clippy::cast_ptr_alignment, reason = "the field is 8-aligned: checked below")]
+fn zero<const N: usize>(bytes: &mut [u8; N]) {
+    let words = bytes.as_mut_ptr().cast::<u64>();
+    let mut i = 0;
+    while i < N / 8 {
+        // SAFETY: inside the array, 8-aligned (checked below).
+        unsafe { words.add(i).write_volatile(0) };
+        i += 1;
+    }
+}
+
+// The word reads above need these fields 8-aligned inside the record.
+const _: () = {
+    let base = core::mem::offset_of!(Event<CniExecData>, data);
+    assert!((base + core::mem::offset_of!(CniExecData, command)) % 8 == 0);
+    assert!((base + core::mem::offset_of!(CniExecData, container_id)) % 8 == 0);
+    assert!((base + core::mem::offset_of!(CniExecData, netns)) % 8 == 0);
+    assert!(netreap_common::CNI_COMMAND_LEN.is_multiple_of(8));
+    assert!(netreap_common::CNI_CONTAINER_ID_LEN.is_multiple_of(8));
+    assert!(netreap_common::CNI_NETNS_LEN.is_multiple_of(8));
+};
+
+/// True when the current task's parent is a CNI run with the same
+/// fingerprint: a plugin running another for the same operation (bridge
+/// exec'ing host-local, a meta plugin its delegates) or a plugin's helper
+/// (iptables) that inherited its environment. Such a run's records need no
+/// wake-up of their own: the parent waits for it, so they are in the ring
+/// before the parent's exit record, which wakes the agent; the agent reads
+/// the ring before every decision too. Its CNI_NETNS is the parent's, whose
+/// exec record (an outer ADD's) was read at once, and a later failure to
+/// resolve the same path keeps what was resolved. A run whose parent is
+/// gone (killed; it was re-parented) is not nested: its exit wakes.
+#[inline(always)]
+fn nested(own: u64) -> bool {
+    if own == 0 {
+        return false;
+    }
+    let off = offsets();
+    let Ok(parent) = read::<*const u8>(current_task(), off.task_real_parent) else {
+        return false;
+    };
+    if parent.is_null() {
+        return false;
+    }
+    let Ok(parent_tgid) = read::<u32>(parent, off.task_tgid) else {
+        return false;
+    };
+    // SAFETY: a plain lookup; the value is copied at once.
+    unsafe { CNI_TASKS.get(parent_tgid) }.is_some_and(|&theirs| theirs == own)
 }
 
 /// bpf_loop callback: one [`step`]. Returns 1 to stop.
@@ -354,10 +450,10 @@ fn try_cni_exit() -> Result<u32, i64> {
     if thread_id != tgid {
         return Ok(0);
     }
-    // SAFETY: the value is not used, only its presence.
-    if unsafe { CNI_TASKS.get(tgid) }.is_none() {
+    // SAFETY: a plain lookup; the value is copied at once.
+    let Some(own) = (unsafe { CNI_TASKS.get(tgid) }).copied() else {
         return Ok(0);
-    }
+    };
     let _ = CNI_TASKS.remove(tgid);
     let off = offsets();
     let exit_status: u32 = read(current_task(), off.task_exit_code)?;
@@ -365,6 +461,10 @@ fn try_cni_exit() -> Result<u32, i64> {
         header: header(kind::CNI_EXIT, size_of::<Event<CniExitData>>()),
         data: CniExitData { exit_status, _pad: 0 },
     };
-    output(&event, Wake::Now);
+    // A nested run's exit is read with its parent's (which waits for it);
+    // the outermost run's wakes the agent, bringing what waited before it.
+    // Asked now, not at exec: a run whose parent died meanwhile has been
+    // re-parented, and its exit wakes.
+    output(&event, if nested(own) { Wake::Later } else { Wake::Now });
     Ok(0)
 }

@@ -39,11 +39,12 @@ pub enum Wake {
     /// As the kernel decides: when the agent has read everything before.
     Default,
     /// Not for this record: the next wake-up reads it (a DEL's exec record,
-    /// read with its exit; the agent also reads the ring before every
-    /// decision and once a second).
+    /// read with its exit; a nested run's records, read with its parent's
+    /// exit; the agent also reads the ring before every decision and once a
+    /// second).
     Later,
-    /// Now, even when earlier records are unread (a CNI run's exit, which
-    /// brings the records queued with `Later`).
+    /// Now, even when earlier records are unread (an outermost CNI run's
+    /// exit, which brings the records queued with `Later`).
     Now,
 }
 

@@ -60,9 +60,10 @@ impl Agent {
         Ok(())
     }
 
-    /// Ingests what the probes wrote without waking the agent (a CNI run's
-    /// exec record waits for its exit): every decision, and every tick,
-    /// first sees every record the kernel wrote before it.
+    /// Ingests what the probes wrote without waking the agent (a DEL's exec
+    /// record waits for its exit, a nested run's records for its parent's
+    /// exit): every decision, and every tick, first sees every record the
+    /// kernel wrote before it.
     pub(super) async fn catch_up(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
         let batch = kernel.pending();
         if batch.is_empty() {

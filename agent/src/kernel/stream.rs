@@ -43,9 +43,10 @@ impl KernelStream {
         }
     }
 
-    /// Every record written so far, without waiting. The probes let a CNI
-    /// run's exec record wait for its exit before waking the agent, so
-    /// whatever decides reads the ring first (see `Agent::catch_up`).
+    /// Every record written so far, without waiting. The probes let a DEL's
+    /// exec record wait for its exit, and a nested CNI run's records for
+    /// its parent's exit, before waking the agent, so whatever decides
+    /// reads the ring first (see `Agent::catch_up`).
     pub fn pending(&mut self) -> Vec<Result<KernelEvent, DecodeError>> {
         let ring = self.ring.get_mut();
         let mut batch = Vec::new();

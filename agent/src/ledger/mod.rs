@@ -728,6 +728,26 @@ mod tests {
         assert_eq!(l.get("c1").unwrap().operations.len(), 2);
     }
 
+    /// The probes let a nested run's records (host-local under bridge)
+    /// wait for its parent's exit: read after a failed ADD's netns is gone,
+    /// they keep the binding and date its parent resolved while it lived.
+    #[test]
+    fn a_nested_add_read_after_the_netns_is_gone_keeps_its_parents_binding() {
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        let bound_at = l.get("c1").unwrap().netns_bound_at;
+        l.observe(&exec(11, 2, "ADD", "c1"), wall, &FixedResolver(None));
+        l.observe(&exit(11, 3, 1), wall, &FixedResolver(None));
+        l.observe(&exit(10, 4, 1), wall, &FixedResolver(None));
+        let a = l.get("c1").unwrap();
+        assert_eq!((a.netns_inode, a.netns_bound_at), (Some(77), bound_at));
+        assert_eq!(
+            a.operations.iter().map(|op| (op.pid, op.result())).collect::<Vec<_>>(),
+            [(10, "failure"), (11, "failure")]
+        );
+        assert!(!a.in_flight());
+    }
+
     #[test]
     fn vanished_processes_close_their_operation_as_unknown() {
         let mut l = Ledger::new();
