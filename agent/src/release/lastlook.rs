@@ -905,7 +905,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt as _;
         let inode = |path: String| fs::metadata(path).expect("a netns file").ino();
         let nsids = netns.iter().map(|(nsid, _)| *nsid).collect();
-        let inodes = netns
+        let inodes: Vec<u64> = netns
             .iter()
             .map(|(_, ns)| inode(format!("/run/netns/{}", ns.0)))
             .chain([inode("/proc/self/ns/net".into())])
