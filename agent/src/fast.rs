@@ -42,6 +42,11 @@ impl<T> Filed<T> {
             Self::Many(values) => values,
         }
     }
+
+    /// The values in the order they were filed.
+    pub fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.as_slice().iter()
+    }
 }
 
 impl<'a, T> IntoIterator for &'a Filed<T> {
@@ -49,7 +54,7 @@ impl<'a, T> IntoIterator for &'a Filed<T> {
     type IntoIter = std::slice::Iter<'a, T>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.as_slice().iter()
+        self.iter()
     }
 }
 
