@@ -320,31 +320,41 @@ fn latency() -> Value {
 /// unlink, directory fsync). Distributions over the released leaks.
 fn release_parts(agent: &Agent, state_dir: &Path, kernel_at: &HashMap<String, SystemTime>) -> Value {
     let parse_time = |v: &Value| v.as_str().and_then(|t| humantime::parse_rfc3339(t).ok());
-    // The agent's time of death per IP: event time - death_to_release.
-    let mut died_at: HashMap<String, SystemTime> = HashMap::new();
-    for e in agent.events_named("release").iter().filter(|e| e["outcome"] == "released") {
-        if let (Some(ip), Some(at), Some(lat)) =
-            (e["ip"].as_str(), parse_time(&e["time"]), e["death_to_release_seconds"].as_f64())
-        {
-            died_at.insert(ip.to_owned(), at - Duration::from_secs_f64(lat));
-        }
-    }
     let journal = std::fs::read_to_string(state_dir.join("journal.jsonl")).unwrap_or_default();
     let lines: Vec<Value> = journal.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let intents: HashMap<&str, (String, SystemTime)> = lines
+    // Intent id -> (IP, when the intent was made, the agent's time of
+    // death). The death's time is the verdict's own evidence, in
+    // nanoseconds: an event's `time` is printed to the millisecond, and
+    // taking it less `death_to_release_seconds` put the death up to 1 ms
+    // early (0.5 ms on average: decide read that much too long, and the
+    // netlink receive too short, cut at zero).
+    let intents: HashMap<&str, (String, SystemTime, Option<SystemTime>)> = lines
         .iter()
         .filter(|l| l["record"] == "intent")
         .filter_map(|l| {
             let ip = l["verdict"]["reservation"]["ip"].as_str()?.to_owned();
-            Some((l["id"].as_str()?, (ip, parse_time(&l["at"])?)))
+            let died = l["verdict"]["evidence"].as_array().and_then(|facts| {
+                facts.iter().find(|f| f["fact"] == "bound_netns_died").and_then(|f| parse_time(&f["died_at"]))
+            });
+            Some((l["id"].as_str()?, (ip, parse_time(&l["at"])?, died)))
         })
         .collect();
+    // Without that evidence (not expected here): the event's time less
+    // `death_to_release_seconds`, to the millisecond.
+    let mut event_died: HashMap<String, SystemTime> = HashMap::new();
+    for e in agent.events_named("release").iter().filter(|e| e["outcome"] == "released") {
+        if let (Some(ip), Some(at), Some(lat)) =
+            (e["ip"].as_str(), parse_time(&e["time"]), e["death_to_release_seconds"].as_f64())
+        {
+            event_died.insert(ip.to_owned(), at - Duration::from_secs_f64(lat));
+        }
+    }
     let names = ["intent_fsync_us", "intent_wait_us", "lock_us", "reread_us", "look_us", "unlink_us", "dir_fsync_us"];
     let mut timed: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
     let (mut receive, mut decide_v) = (Vec::new(), Vec::new());
     for l in lines.iter().filter(|l| l["record"] == "outcome" && l["outcome"]["result"] == "released") {
-        let Some((ip, intent_at)) = l["id"].as_str().and_then(|id| intents.get(id)) else { continue };
-        if let (Some(kernel), Some(died)) = (kernel_at.get(ip), died_at.get(ip)) {
+        let Some((ip, intent_at, died)) = l["id"].as_str().and_then(|id| intents.get(id)) else { continue };
+        if let (Some(kernel), Some(died)) = (kernel_at.get(ip), died.as_ref().or_else(|| event_died.get(ip))) {
             receive.push(died.duration_since(*kernel).unwrap_or_default());
             decide_v.push(intent_at.duration_since(*died).unwrap_or_default());
         }

@@ -8,12 +8,15 @@ use std::{
     time::SystemTime,
 };
 
+use foldhash::fast::RandomState;
+
 use crate::{
     engine::{
         Observations,
         index::path_key,
         observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName, same_netns_path},
     },
+    fast::{Filed, Map},
     identity::NetnsId,
     ipam::cnicache::CachedAttachment,
     ledger::{Attachment, Ledger},
@@ -111,14 +114,16 @@ impl Life {
 /// binding of a node stays linear.
 pub(crate) struct Incarnations<'a> {
     netns: Vec<&'a NetnsView>,
-    by_inode: crate::fast::Map<u64, Vec<usize>>,
-    by_nsid: crate::fast::Map<i32, Vec<usize>>,
+    by_inode: Map<u64, Filed<usize>>,
+    by_nsid: Map<i32, Filed<usize>>,
 }
 
 impl<'a> Incarnations<'a> {
     pub(crate) fn new(snapshot: &'a ModelSnapshot) -> Self {
-        let (mut by_inode, mut by_nsid): (crate::fast::Map<u64, Vec<usize>>, crate::fast::Map<i32, Vec<usize>>) =
-            Default::default();
+        // Sized once: built per death pass over every netns of the snapshot.
+        let n = snapshot.netns.len();
+        let mut by_inode: Map<u64, Filed<usize>> = Map::with_capacity_and_hasher(n, RandomState::default());
+        let mut by_nsid: Map<i32, Filed<usize>> = Map::with_capacity_and_hasher(n, RandomState::default());
         for (i, v) in snapshot.netns.iter().enumerate() {
             if let Some(inode) = v.inode {
                 by_inode.entry(u64::from(inode)).or_default().push(i);
@@ -158,8 +163,8 @@ impl<'a> Incarnations<'a> {
     /// nsid, so under pod churn one key holds nearly every recent netns, and
     /// sorting it again for every binding was quadratic in that history.
     fn filed_under(&self, inode: Option<u64>, nsid: Option<i32>) -> Ascending<'_> {
-        let by_inode = inode.and_then(|i| self.by_inode.get(&i)).map_or(&[][..], Vec::as_slice);
-        let by_nsid = nsid.and_then(|n| self.by_nsid.get(&n)).map_or(&[][..], Vec::as_slice);
+        let by_inode = inode.and_then(|i| self.by_inode.get(&i)).map_or(&[][..], Filed::as_slice);
+        let by_nsid = nsid.and_then(|n| self.by_nsid.get(&n)).map_or(&[][..], Filed::as_slice);
         Ascending { a: by_inode, b: by_nsid }
     }
 
@@ -268,7 +273,10 @@ fn containers_of_death_indexed(
 /// When netreap itself first saw each CNI cache entry (by file), so that a
 /// binding it cannot resolve is timed from its own look, never from the
 /// file's mtime (a restart or an old file must not start the clock early).
-pub type FirstSeen = HashMap<PathBuf, SystemTime>;
+/// foldhash: every death's pass dates the whole cache again after a
+/// release removed one entry (SipHash on each path was ~65 us per death at
+/// 200 entries).
+pub type FirstSeen = Map<PathBuf, SystemTime>;
 
 /// Which reservations a set of observations serves.
 #[derive(Debug, Clone, Copy)]

@@ -167,7 +167,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         release_waiting: false,
         watching_since,
         verdicts: HashMap::new(),
-        cache_first_seen: evidence::FirstSeen::new(),
+        cache_first_seen: evidence::FirstSeen::default(),
         cache_dated: None,
         anomalies: std::collections::HashSet::new(),
         full_reconcile_per_death: std::env::var(FULL_RECONCILE_PER_DEATH_ENV).is_ok_and(|v| v == "1"),

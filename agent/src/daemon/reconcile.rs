@@ -287,10 +287,13 @@ impl Agent {
         // The same scan as last time (nothing changed): already dated.
         if !self.cache_dated.as_ref().is_some_and(|dated| Arc::ptr_eq(dated, &cache)) {
             let now = SystemTime::now();
-            let present: HashSet<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
+            let present: crate::fast::Set<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
             self.cache_first_seen.retain(|path, _| present.contains(path));
+            // A path is copied only when it is new (`entry` would copy each).
             for a in &cache.attachments {
-                self.cache_first_seen.entry(a.path.clone()).or_insert(now);
+                if !self.cache_first_seen.contains_key(&a.path) {
+                    self.cache_first_seen.insert(a.path.clone(), now);
+                }
             }
             self.cache_dated = Some(Arc::clone(&cache));
         }
@@ -505,7 +508,8 @@ impl Agent {
 
     /// A last look for one batch of releases, with the model's netns.
     fn kernel_look(&self, model: &ModelSnapshot) -> KernelLook {
-        let (mut nsids, mut inodes) = (Vec::new(), HashSet::new());
+        // The inodes as a list: the look files them in its own set.
+        let (mut nsids, mut inodes) = (Vec::new(), Vec::new());
         for v in model.alive().filter(|v| !v.host) {
             nsids.extend(v.nsid);
             inodes.extend(v.inode.map(u64::from));

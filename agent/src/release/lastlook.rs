@@ -165,7 +165,7 @@ pub struct KernelLook {
     /// nsids of every netns the model knows alive.
     known_nsids: Vec<i32>,
     /// Their inodes (a process netns outside them is looked at too).
-    known_inodes: HashSet<u64>,
+    known_inodes: crate::fast::Set<u64>,
     /// Containers the ledger has a CNI run in flight for.
     ledger_in_flight: HashSet<String>,
     cni_bin_dirs: Vec<PathBuf>,
@@ -297,13 +297,14 @@ impl KernelLook {
     #[must_use]
     pub fn new(
         known_nsids: Vec<i32>,
-        known_inodes: HashSet<u64>,
+        known_inodes: impl IntoIterator<Item = u64>,
         ledger_in_flight: HashSet<String>,
         cni_bin_dirs: Vec<PathBuf>,
     ) -> Self {
         Self {
             known_nsids,
-            known_inodes,
+            // foldhash: asked once per process of the node in the walk.
+            known_inodes: known_inodes.into_iter().collect(),
             ledger_in_flight,
             cni_bin_dirs,
             proc_root: PathBuf::from("/proc"),
@@ -904,7 +905,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt as _;
         let inode = |path: String| fs::metadata(path).expect("a netns file").ino();
         let nsids = netns.iter().map(|(nsid, _)| *nsid).collect();
-        let inodes = netns
+        let inodes: Vec<u64> = netns
             .iter()
             .map(|(_, ns)| inode(format!("/run/netns/{}", ns.0)))
             .chain([inode("/proc/self/ns/net".into())])

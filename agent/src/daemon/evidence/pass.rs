@@ -28,7 +28,7 @@ use crate::{
         Observations,
         observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, same_netns_path},
     },
-    fast::Map,
+    fast::{Filed, Map},
     identity::NetnsId,
     ipam::cnicache::CachedAttachment,
     ledger::{Attachment, Ledger},
@@ -43,11 +43,16 @@ fn name_of(p: &Path) -> Option<&OsStr> {
     p.file_name()
 }
 
+/// An empty map with room for `n` keys.
+fn sized<K, V>(n: usize) -> Map<K, V> {
+    Map::with_capacity_and_hasher(n, foldhash::fast::RandomState::default())
+}
+
 /// Positions filed by [`name_of`] a path.
-type ByName<'a> = Map<Option<&'a OsStr>, Vec<usize>>;
+type ByName<'a> = Map<Option<&'a OsStr>, Filed<usize>>;
 
 /// Pushes `key`'s positions from `map`, if any.
-fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Vec<usize>>, key: &K) {
+fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Filed<usize>>, key: &K) {
     out.extend(map.get(key).into_iter().flatten().copied());
 }
 
@@ -57,20 +62,23 @@ fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Vec<us
 struct Attachments<'a> {
     /// Not pinned, resolved to an inode: by inode, by nsid when the run
     /// resolved one, and those without an nsid apart.
-    by_inode: Map<u64, Vec<&'a Attachment>>,
-    by_nsid: Map<i32, Vec<&'a Attachment>>,
+    by_inode: Map<u64, Filed<&'a Attachment>>,
+    by_nsid: Map<i32, Filed<&'a Attachment>>,
     without_nsid: Vec<&'a Attachment>,
     /// Pinned to an incarnation: by its inode and by its nsid (an identity
     /// with neither may be no other: `NetnsId::may_be`).
-    pinned_by_inode: Map<u64, Vec<&'a Attachment>>,
-    pinned_by_nsid: Map<i32, Vec<&'a Attachment>>,
+    pinned_by_inode: Map<u64, Filed<&'a Attachment>>,
+    pinned_by_nsid: Map<i32, Filed<&'a Attachment>>,
     /// Known by path alone: by the path's last component.
-    by_path: Map<Option<&'a OsStr>, Vec<&'a Attachment>>,
+    by_path: Map<Option<&'a OsStr>, Filed<&'a Attachment>>,
 }
 
 impl<'a> Attachments<'a> {
     fn new(ledger: &'a Ledger) -> Self {
-        let mut index = Self::default();
+        // Sized once: built per death pass over the whole ledger, and
+        // growing the maps step by step rehashed every entry several times.
+        let n = ledger.attachments().size_hint().0;
+        let mut index = Self { by_inode: sized(n), by_nsid: sized(n), ..Self::default() };
         for a in ledger.attachments() {
             match (a.pinned, a.netns_inode, &a.netns_path) {
                 (Some(id), _, _) => {
@@ -117,7 +125,7 @@ impl<'a> Attachments<'a> {
 pub(crate) struct PassIndex<'a> {
     pub(crate) incarnations: Incarnations<'a>,
     /// The snapshot's netns (positions) by each global address.
-    views_by_ip: Map<IpAddr, Vec<usize>>,
+    views_by_ip: Map<IpAddr, Filed<usize>>,
     /// The snapshot's netns (positions) by each bind mount's last component.
     views_by_mount: ByName<'a>,
     ledger: &'a Ledger,
@@ -125,15 +133,16 @@ pub(crate) struct PassIndex<'a> {
     cache: &'a [Arc<CachedAttachment>],
     /// Cache entries (positions) by container, and by their netns path's
     /// last component.
-    cache_by_container: Map<&'a str, Vec<usize>>,
+    cache_by_container: Map<&'a str, Filed<usize>>,
     cache_by_netns: ByName<'a>,
 }
 
 impl<'a> PassIndex<'a> {
     #[must_use]
     pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
-        let mut views_by_ip: Map<IpAddr, Vec<usize>> = Map::default();
-        let mut views_by_mount: ByName<'a> = Map::default();
+        // Sized once (see `Attachments::new`).
+        let mut views_by_ip: Map<IpAddr, Filed<usize>> = sized(snapshot.netns.len());
+        let mut views_by_mount: ByName<'a> = sized(snapshot.netns.len());
         for (i, view) in snapshot.netns.iter().enumerate() {
             for a in view.global_addresses() {
                 views_by_ip.entry(a.ip).or_default().push(i);
@@ -142,8 +151,8 @@ impl<'a> PassIndex<'a> {
                 views_by_mount.entry(name_of(m)).or_default().push(i);
             }
         }
-        let mut cache_by_container: Map<&str, Vec<usize>> = Map::default();
-        let mut cache_by_netns: ByName<'a> = Map::default();
+        let mut cache_by_container: Map<&str, Filed<usize>> = sized(cache.len());
+        let mut cache_by_netns: ByName<'a> = sized(cache.len());
         for (i, entry) in cache.iter().enumerate() {
             cache_by_container.entry(entry.container_id.as_str()).or_default().push(i);
             if let Some(path) = entry.netns.as_deref() {
