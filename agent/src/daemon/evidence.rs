@@ -116,6 +116,55 @@ pub(crate) struct Incarnations<'a> {
     netns: Vec<&'a NetnsView>,
     by_inode: Map<u64, Filed<usize>>,
     by_nsid: Map<i32, Filed<usize>>,
+    /// Inodes held by more than one incarnation, their holders by time.
+    reused: Map<u64, Holders>,
+    /// Netns the model knows by nsid alone.
+    nsid_only: Map<i32, Filed<usize>>,
+}
+
+/// The incarnations that held one inode, by first sight, each with the
+/// latest death among it and those seen before it (`None`: one of them is
+/// alive). Kernels reuse the lowest free inode, so under pod churn one
+/// inode is held by most of the recent history: asking which holders could
+/// have held it at a time then looks at those near that time only.
+struct Holders {
+    first_seen: Vec<SystemTime>,
+    position: Vec<usize>,
+    /// Running maximum of the deaths, `None` once a live one is among them.
+    reach: Vec<Option<SystemTime>>,
+}
+
+impl Holders {
+    fn new(positions: &[usize], netns: &[&NetnsView]) -> Self {
+        let mut by_time: Vec<usize> = positions.to_vec();
+        by_time.sort_by_key(|&i| netns[i].first_seen);
+        let mut reach = Vec::with_capacity(by_time.len());
+        let mut latest: Option<Option<SystemTime>> = None;
+        for &i in &by_time {
+            let died = netns[i].died_at;
+            latest = Some(match (latest, died) {
+                (None, d) => d,
+                (Some(None), _) | (Some(Some(_)), None) => None,
+                (Some(Some(a)), Some(b)) => Some(a.max(b)),
+            });
+            reach.push(latest.flatten());
+        }
+        Self { first_seen: by_time.iter().map(|&i| netns[i].first_seen).collect(), position: by_time, reach }
+    }
+
+    /// Positions of every holder that [`Life::held_inode_at`] `at` may
+    /// accept, and a few more: those first seen by then, back to the last
+    /// one whose deaths so far reach `at`.
+    fn near(&self, at: SystemTime, out: &mut Vec<usize>) {
+        let seen_by = self.first_seen.partition_point(|&f| f <= at + DISCOVERY_SLACK);
+        for j in (0..seen_by).rev() {
+            if self.reach[j].is_some_and(|r| r < at) {
+                // Every holder first seen before this one died before `at`.
+                break;
+            }
+            out.push(self.position[j]);
+        }
+    }
 }
 
 impl<'a> Incarnations<'a> {
@@ -124,15 +173,25 @@ impl<'a> Incarnations<'a> {
         let n = snapshot.netns.len();
         let mut by_inode: Map<u64, Filed<usize>> = Map::with_capacity_and_hasher(n, RandomState::default());
         let mut by_nsid: Map<i32, Filed<usize>> = Map::with_capacity_and_hasher(n, RandomState::default());
+        let mut nsid_only: Map<i32, Filed<usize>> = Map::default();
         for (i, v) in snapshot.netns.iter().enumerate() {
             if let Some(inode) = v.inode {
                 by_inode.entry(u64::from(inode)).or_default().push(i);
             }
             if let Some(nsid) = v.nsid {
                 by_nsid.entry(nsid).or_default().push(i);
+                if v.inode.is_none() {
+                    nsid_only.entry(nsid).or_default().push(i);
+                }
             }
         }
-        Self { netns: snapshot.netns.iter().map(std::sync::Arc::as_ref).collect(), by_inode, by_nsid }
+        let netns: Vec<&NetnsView> = snapshot.netns.iter().map(std::sync::Arc::as_ref).collect();
+        let reused = by_inode
+            .iter()
+            .filter(|(_, filed)| filed.as_slice().len() > 1)
+            .map(|(&inode, filed)| (inode, Holders::new(filed.as_slice(), &netns)))
+            .collect();
+        Self { netns, by_inode, by_nsid, reused, nsid_only }
     }
 
     /// The incarnations that may have held `inode` at `at`. None known: the
@@ -143,10 +202,22 @@ impl<'a> Incarnations<'a> {
     /// `may_be` needs a shared inode or nsid, so
     /// only the netns filed under them can match; they are taken in the
     /// snapshot's order, as a walk of all of them would.
+    ///
+    /// Those are the inode's holders and the netns known by that nsid
+    /// alone (one holding another inode is not `may_be`); a reused inode's
+    /// holders are looked up by time ([`Holders`]).
     pub(crate) fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
-        let ids: Vec<NetnsId> = self
-            .filed_under(Some(inode), nsid)
+        let mut near: Vec<usize> = Vec::new();
+        match self.reused.get(&inode) {
+            Some(holders) => holders.near(at, &mut near),
+            None => near.extend(self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice)),
+        }
+        near.extend(nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice));
+        // The two lists share no netns (one has an inode, the other none).
+        near.sort_unstable();
+        let ids: Vec<NetnsId> = near
+            .into_iter()
             .map(|i| self.netns[i])
             .filter(|v| v.id().may_be(&resolved))
             .map(Life::of)
