@@ -464,7 +464,10 @@ fn try_cni_exit() -> Result<u32, i64> {
     // A nested run's exit is read with its parent's (which waits for it);
     // the outermost run's wakes the agent, bringing what waited before it.
     // Asked now, not at exec: a run whose parent died meanwhile has been
-    // re-parented, and its exit wakes.
+    // re-parented, and its exit wakes. An outermost DEL's too: left unread,
+    // it would keep every later netns record (written with the default
+    // wake-up: `__put_net`, the death of the netns the runtime removes
+    // next) from waking the agent until the next forced wake-up or tick.
     output(&event, if nested(own) { Wake::Later } else { Wake::Now });
     Ok(0)
 }
