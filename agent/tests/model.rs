@@ -369,6 +369,43 @@ fn a_resting_model_reads_what_is_queued_for_a_snapshot_and_hears_a_death_at_once
     });
 }
 
+/// While the model's socket rests, the mount table is out of the epoll
+/// set too: a change is looked for once per turn of the model. Here the
+/// rest is an hour and nothing but snapshots makes turns: a netns
+/// bind-mounted meanwhile is found (its mount scan and that scan's report
+/// both ride on the snapshots' turns).
+#[test]
+fn a_resting_model_finds_a_new_bind_mount_on_its_turns() {
+    if !possible() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    runtime().block_on(async {
+        let config = WatcherConfig { rest: Duration::from_hours(1), ..config() };
+        let (watcher, _deaths) = Watcher::start(config).await.expect("model starts");
+        // A notification read (a veth in a netns of its own) puts the
+        // socket to rest.
+        let a = NamedNetns::new();
+        let t = unique("nrm");
+        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+        wait_for(&watcher, "the first netns and its veth", WAIT, |s| {
+            s.live_by_inode(a.inode).filter(|n| !n.bind_mounts.is_empty() && !n.interfaces.is_empty()).map(|_| ())
+        })
+        .await;
+        // The veth's notices are all read: a snapshot reads what is queued.
+        ip(&["-n", &a.name, "link", "set", &format!("{t}a"), "up"]);
+        watcher.snapshot().await.expect("snapshot");
+
+        let b = NamedNetns::new();
+        let found = wait_for(&watcher, "the new netns by its bind mount", WAIT, |s| {
+            s.live_by_inode(b.inode).filter(|n| !n.bind_mounts.is_empty()).map(|n| n.bind_mounts.clone())
+        })
+        .await;
+        assert!(found.iter().any(|m| m.ends_with(&b.name)), "{found:?}");
+        watcher.stop().await.expect("clean stop");
+    });
+}
+
 #[test]
 fn a_netns_held_by_a_process_outlives_its_bind_mount_until_the_process_exits() {
     if !possible() {

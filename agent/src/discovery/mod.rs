@@ -155,6 +155,27 @@ impl MountChanges {
     }
 }
 
+/// Whether the mount namespace of `table` (an open mountinfo) changed
+/// since this descriptor was last polled: `POLLPRI` with a zero timeout,
+/// which never blocks. Each open file keeps its own "last seen" count.
+pub fn mount_table_changed(table: &fs::File) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
+    loop {
+        // SAFETY: one valid pollfd; a zero timeout never blocks.
+        let rc = unsafe { libc::poll(&raw mut pfd, 1, 0) };
+        if rc >= 0 {
+            if pfd.revents & libc::POLLNVAL != 0 {
+                return Err(io::Error::from_raw_os_error(libc::EBADF));
+            }
+            return Ok(pfd.revents & (libc::POLLPRI | libc::POLLERR) != 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Reads the nsfs mounts with one reusable buffer, and only when the
 /// table may have changed since the last read: a read that started after
 /// the latest change counted by [`MountChanges`] is still the table. A

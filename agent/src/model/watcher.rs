@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 use super::{
     snapshot::{ModelSnapshot, NetnsDeath},
     state::{Action, Job, Model, ModelConfig},
-    worker::{self, Report},
+    worker::{self, Report, ReportBell},
 };
 use crate::{
     discovery::{self, DiscoveryError, DiscoveryPaths, MountChanges},
@@ -145,16 +145,12 @@ impl Watcher {
             .ok();
         let socket = ModelSocket::new(socket, bell, config.rest)?;
         let mount_changes = Arc::new(MountChanges::default());
+        let report_bell = Arc::new(ReportBell::default());
         let (jobs, reports) =
-            worker::spawn(config.discovery.clone(), Arc::clone(&mount_changes)).map_err(WatcherError::Thread)?;
-        let mounts = File::open(&config.discovery.mountinfo)
-            // SAFETY: as above; mountinfo signals changes with POLLPRI.
-            .and_then(|f| unsafe { AsyncFd::register_with_interest(f, Interest::PRIORITY) }.map_err(Into::into))
-            .map_err(|e| {
-                warn!("mount changes not watched ({e}); new bind mounts wait for the next resync");
-            })
-            .ok();
-        if mounts.is_some() {
+            worker::spawn(config.discovery.clone(), Arc::clone(&mount_changes), Arc::clone(&report_bell))
+                .map_err(WatcherError::Thread)?;
+        let mounts = MountWatch::open(&config.discovery.mountinfo);
+        if !matches!(mounts, MountWatch::Off) {
             mount_changes.watching();
         }
 
@@ -173,6 +169,7 @@ impl Watcher {
             model,
             io,
             reports,
+            report_bell,
             mounts,
             mount_changes,
             mount_scan: MountDebounce::default(),
@@ -522,7 +519,8 @@ struct Driver {
     model: Model,
     io: Io,
     reports: mpsc::Receiver<Report>,
-    mounts: Option<AsyncFd<File>>,
+    report_bell: Arc<ReportBell>,
+    mounts: MountWatch,
     /// Changes counted for the discovery thread (it re-reads the table
     /// only after one).
     mount_changes: Arc<MountChanges>,
@@ -553,6 +551,11 @@ impl MountDebounce {
         self.due.get_or_insert(now + MOUNT_SCAN_DELAY);
     }
 
+    /// A scan starts now: none is due any more.
+    fn disarm(&mut self) {
+        self.due = None;
+    }
+
     /// When the scan is due, if one is.
     fn due(&self) -> Option<Instant> {
         self.due
@@ -568,14 +571,86 @@ impl MountDebounce {
     }
 }
 
-async fn mounts_changed(mounts: Option<&AsyncFd<File>>) -> std::io::Result<()> {
-    match mounts {
-        Some(m) => {
-            let mut guard = m.ready(Interest::PRIORITY).await?;
-            guard.clear_ready();
-            Ok(())
+/// The mount table's change signal (`POLLPRI` on mountinfo): watched
+/// while the model socket is, and while the socket rests, out of the
+/// epoll set too and polled once per turn of the model (a turn comes at
+/// the latest when the rest ends). `ip netns add` and `del` each change the
+/// table once; watched, each woke the agent, then a debounce timer did.
+enum MountWatch {
+    /// Not watched: new bind mounts wait for the next resync.
+    Off,
+    Watched(AsyncFd<File>),
+    Resting(File),
+}
+
+impl MountWatch {
+    fn open(mountinfo: &Path) -> Self {
+        match File::open(mountinfo) {
+            Ok(table) => Self::Resting(table).watched(),
+            Err(e) => {
+                warn!("mount changes not watched ({e}); new bind mounts wait for the next resync");
+                Self::Off
+            }
         }
-        None => std::future::pending().await,
+    }
+
+    /// Into the epoll set (registering polls the file: a change since the
+    /// last poll makes it ready at once). If it cannot be registered it
+    /// stays polled per turn (and a resync reads the table each minute).
+    fn watched(self) -> Self {
+        match self {
+            Self::Resting(table) => {
+                // SAFETY: the AsyncFd owns the file, whose fd is fixed for
+                // its life; mountinfo signals changes with POLLPRI.
+                match unsafe { AsyncFd::register_with_interest(table, Interest::PRIORITY) } {
+                    Ok(watched) => Self::Watched(watched),
+                    Err(e) => {
+                        let (table, e) = e.into_parts();
+                        debug!("mount table not watched ({e}); polled at each turn of the model");
+                        Self::Resting(table)
+                    }
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Out of the epoll set. Returns whether a change had been seen by
+    /// the runtime and not yet taken (taking it consumed the kernel's
+    /// signal: it must not be lost with the registration).
+    fn rest(self) -> (Self, bool) {
+        match self {
+            Self::Watched(watched) => {
+                let pending = {
+                    let ready = std::pin::pin!(watched.ready(Interest::PRIORITY));
+                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+                    // An error is a change too: the table is read either way.
+                    ready.poll(&mut cx).is_ready()
+                };
+                (Self::Resting(watched.into_inner()), pending)
+            }
+            other => (other, false),
+        }
+    }
+
+    /// While resting: whether the table changed since the last poll.
+    fn poll_resting(&self) -> std::io::Result<bool> {
+        match self {
+            Self::Resting(table) => discovery::mount_table_changed(table),
+            Self::Off | Self::Watched(_) => Ok(false),
+        }
+    }
+
+    /// While watched: the next change.
+    async fn changed(&self) -> std::io::Result<()> {
+        match self {
+            Self::Watched(watched) => {
+                let mut guard = watched.ready(Interest::PRIORITY).await?;
+                guard.clear_ready();
+                Ok(())
+            }
+            Self::Off | Self::Resting(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -631,22 +706,15 @@ impl Driver {
                     let read = read_datagrams(self.io.socket.get(), &mut self.model, &mut buf)?;
                     turn = Some((Cause::Rested, read));
                 }
-                report = self.reports.recv() => match report {
-                    Some(r) => self.report(r)?,
-                    None => return Err(WatcherError::Stopped),
-                },
-                changed = mounts_changed(self.mounts.as_ref()) => match changed {
+                // The reports themselves are taken below, every turn.
+                () = self.report_bell.rang() => {}
+                changed = self.mounts.changed() => match changed {
                     Ok(()) => {
                         // Counted now, so a read that starts later sees it.
                         self.mount_changes.changed();
                         self.mount_scan.changed(Instant::now());
                     }
-                    Err(e) => {
-                        warn!("mount changes no longer watched: {e}");
-                        self.mounts = None;
-                        self.mount_changes.unwatched();
-                        self.mount_scan.changed(Instant::now());
-                    }
+                    Err(e) => self.mounts_unwatched(&e),
                 },
                 () = sleep_until_due(self.mount_scan.due()), if self.mount_scan.due().is_some() => {
                     if self.mount_scan.fire(Instant::now()) {
@@ -656,8 +724,21 @@ impl Driver {
                 _ = resync.tick() => self.model.start_resync(true),
                 _ = housekeeping.tick() => self.model.tick(SystemTime::now()),
             }
-            let sent_death = self.io.flush(&mut self.model)?;
-            self.io.socket.settle(turn, self.model.can_rest(), Instant::now());
+            self.take_reports()?;
+            match self.mounts.poll_resting() {
+                Ok(true) => self.mounts_changed_while_resting(),
+                Ok(false) => {}
+                Err(e) => self.mounts_unwatched(&e),
+            }
+            let mut sent_death = self.io.flush(&mut self.model)?;
+            loop {
+                self.io.socket.settle(turn.take(), self.model.can_rest(), Instant::now());
+                if !self.follow_socket()? {
+                    break;
+                }
+                // What that took may need the socket watched (an answer due).
+                sent_death |= self.io.flush(&mut self.model)?;
+            }
             self.notify();
             if sent_death {
                 // The event loop shares this thread: let it take the death
@@ -683,6 +764,60 @@ impl Driver {
             }
             Command::Snapshot(_) | Command::Stop => {}
         }
+    }
+
+    /// Takes every report queued (the bell only says when to look).
+    /// Returns whether there was any.
+    fn take_reports(&mut self) -> Result<bool, WatcherError> {
+        let mut any = false;
+        loop {
+            match self.reports.try_recv() {
+                Ok(report) => {
+                    any = true;
+                    self.report(report)?;
+                }
+                Err(mpsc::error::TryRecvError::Empty) => return Ok(any),
+                Err(mpsc::error::TryRecvError::Disconnected) => return Err(WatcherError::Stopped),
+            }
+        }
+    }
+
+    /// The mount table and the reports follow the socket's mode (see
+    /// [`MountWatch`], [`ReportBell`]). Returns whether that took a change
+    /// or a report, whose actions are then to be carried out.
+    fn follow_socket(&mut self) -> Result<bool, WatcherError> {
+        let resting = self.io.socket.rest_until.is_some();
+        self.report_bell.set_resting(resting);
+        let mounts = std::mem::replace(&mut self.mounts, MountWatch::Off);
+        if resting {
+            let (mounts, pending) = mounts.rest();
+            self.mounts = mounts;
+            if pending {
+                self.mounts_changed_while_resting();
+            }
+            Ok(pending)
+        } else {
+            self.mounts = mounts.watched();
+            // Queued while the bell still said "resting": take it now.
+            self.take_reports()
+        }
+    }
+
+    /// A change found by a turn's poll (or left by the runtime at the
+    /// rest's start): scanned for now. The turn came at least a rest's
+    /// length after the last (or for a snapshot or a death, which want the
+    /// names soon): the burst a debounce waits for is already gathered.
+    fn mounts_changed_while_resting(&mut self) {
+        self.mount_changes.changed();
+        self.mount_scan.disarm();
+        self.model.mounts_changed();
+    }
+
+    fn mounts_unwatched(&mut self, e: &std::io::Error) {
+        warn!("mount changes no longer watched: {e}");
+        self.mounts = MountWatch::Off;
+        self.mount_changes.unwatched();
+        self.mount_scan.changed(Instant::now());
     }
 
     fn report(&mut self, report: Report) -> Result<(), WatcherError> {

@@ -247,7 +247,7 @@ impl WatchedMounts {
     /// The netns bind mounts now, by inode.
     fn current(&mut self) -> Result<&BTreeMap<u32, discovery::Sighting>, DiscoveryError> {
         if let Some(file) = &self.watch {
-            match changed_since_last_poll(file) {
+            match discovery::mount_table_changed(file) {
                 Ok(false) => {}
                 Ok(true) => self.changes.changed(),
                 Err(e) => {
@@ -269,25 +269,6 @@ fn is_procfs(file: &fs::File) -> bool {
     #[allow(clippy::useless_conversion, reason = "f_type is i64 here, narrower on other targets")]
     let kind = i64::from(st.f_type);
     rc == 0 && kind == PROC_SUPER_MAGIC
-}
-
-/// Whether the mount namespace of `table` changed since its last poll.
-fn changed_since_last_poll(table: &fs::File) -> io::Result<bool> {
-    let mut pfd = libc::pollfd { fd: table.as_raw_fd(), events: libc::POLLPRI, revents: 0 };
-    loop {
-        // SAFETY: one valid pollfd; a zero timeout never blocks.
-        let rc = unsafe { libc::poll(&raw mut pfd, 1, 0) };
-        if rc >= 0 {
-            if pfd.revents & libc::POLLNVAL != 0 {
-                return Err(io::Error::from_raw_os_error(libc::EBADF));
-            }
-            return Ok(pfd.revents & (libc::POLLPRI | libc::POLLERR) != 0);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
 }
 
 /// Default CNI plugin directories.
