@@ -369,11 +369,11 @@ fn a_resting_model_reads_what_is_queued_for_a_snapshot_and_hears_a_death_at_once
     });
 }
 
-/// While the model's socket rests, the mount table is out of the epoll
-/// set too: a change is looked for once per turn of the model. Here the
-/// rest is an hour and nothing but snapshots makes turns: a netns
-/// bind-mounted meanwhile is found (its mount scan and that scan's report
-/// both ride on the snapshots' turns).
+/// The mount table is polled once per turn of the model, not watched.
+/// Here the socket's rest is an hour, so turns come only from snapshots
+/// and the one-second housekeeping tick: a netns bind-mounted while the
+/// socket rests is found (its mount scan and that scan's report, which
+/// wakes no one while the socket rests, both ride on those turns).
 #[test]
 fn a_resting_model_finds_a_new_bind_mount_on_its_turns() {
     if !possible() {

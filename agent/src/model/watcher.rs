@@ -149,8 +149,8 @@ impl Watcher {
         let (jobs, reports) =
             worker::spawn(config.discovery.clone(), Arc::clone(&mount_changes), Arc::clone(&report_bell))
                 .map_err(WatcherError::Thread)?;
-        let mounts = MountWatch::open(&config.discovery.mountinfo);
-        if !matches!(mounts, MountWatch::Off) {
+        let mounts = MountTable::open(&config.discovery.mountinfo);
+        if mounts.is_watched() {
             mount_changes.watching();
         }
 
@@ -172,7 +172,6 @@ impl Watcher {
             report_bell,
             mounts,
             mount_changes,
-            mount_scan: MountDebounce::default(),
             commands: commands_rx,
             ready: Some(ready_tx),
             resync_waiters: Vec::new(),
@@ -520,137 +519,44 @@ struct Driver {
     io: Io,
     reports: mpsc::Receiver<Report>,
     report_bell: Arc<ReportBell>,
-    mounts: MountWatch,
+    mounts: MountTable,
     /// Changes counted for the discovery thread (it re-reads the table
     /// only after one).
     mount_changes: Arc<MountChanges>,
-    mount_scan: MountDebounce,
     commands: mpsc::Receiver<Command>,
     ready: Option<oneshot::Sender<()>>,
     resync_waiters: Vec<oneshot::Sender<()>>,
     resync_interval: Duration,
 }
 
-/// How long a burst of mount-table changes is gathered before one scan
-/// (`ip netns add` alone changes the table twice: the propagation of
-/// /run/netns, then the bind mount). Bounds the scans to one per this
-/// long, whatever the churn; a netns found this much later is no risk
-/// (absence is never death) and netlink and the probes find most first.
-const MOUNT_SCAN_DELAY: Duration = Duration::from_millis(25);
+/// The mount table's change signal (`POLLPRI` on mountinfo), polled once
+/// per turn of the model instead of watched: the model's one-second
+/// housekeeping tick makes a turn at least that often, and a pod's CNI
+/// runs, netlink notices, deaths and snapshots make them far oftener.
+/// Watched, `ip netns add` and `del` each woke the agent, and then a
+/// debounce timer did. A bind mount found up to a second later is no risk:
+/// absence is never death, the probes and netlink find most netns first,
+/// and the last look reads the table itself.
+struct MountTable(Option<File>);
 
-/// Coalesces mount-table changes into one scan: the first change arms a
-/// deadline [`MOUNT_SCAN_DELAY`] away, later ones ride along, so a change
-/// is scanned for at most that long after it was seen.
-#[derive(Debug, Default)]
-struct MountDebounce {
-    due: Option<Instant>,
-}
-
-impl MountDebounce {
-    fn changed(&mut self, now: Instant) {
-        self.due.get_or_insert(now + MOUNT_SCAN_DELAY);
-    }
-
-    /// A scan starts now: none is due any more.
-    fn disarm(&mut self) {
-        self.due = None;
-    }
-
-    /// When the scan is due, if one is.
-    fn due(&self) -> Option<Instant> {
-        self.due
-    }
-
-    /// Whether the scan is due at `now` (then it is disarmed).
-    fn fire(&mut self, now: Instant) -> bool {
-        if self.due.is_some_and(|d| d <= now) {
-            self.due = None;
-            return true;
-        }
-        false
-    }
-}
-
-/// The mount table's change signal (`POLLPRI` on mountinfo): watched
-/// while the model socket is, and while the socket rests, out of the
-/// epoll set too and polled once per turn of the model (a turn comes at
-/// the latest when the rest ends). `ip netns add` and `del` each change the
-/// table once; watched, each woke the agent, then a debounce timer did.
-enum MountWatch {
-    /// Not watched: new bind mounts wait for the next resync.
-    Off,
-    Watched(AsyncFd<File>),
-    Resting(File),
-}
-
-impl MountWatch {
+impl MountTable {
     fn open(mountinfo: &Path) -> Self {
         match File::open(mountinfo) {
-            Ok(table) => Self::Resting(table).watched(),
+            Ok(table) => Self(Some(table)),
             Err(e) => {
                 warn!("mount changes not watched ({e}); new bind mounts wait for the next resync");
-                Self::Off
+                Self(None)
             }
         }
     }
 
-    /// Into the epoll set (registering polls the file: a change since the
-    /// last poll makes it ready at once). If it cannot be registered it
-    /// stays polled per turn (and a resync reads the table each minute).
-    fn watched(self) -> Self {
-        match self {
-            Self::Resting(table) => {
-                // SAFETY: the AsyncFd owns the file, whose fd is fixed for
-                // its life; mountinfo signals changes with POLLPRI.
-                match unsafe { AsyncFd::register_with_interest(table, Interest::PRIORITY) } {
-                    Ok(watched) => Self::Watched(watched),
-                    Err(e) => {
-                        let (table, e) = e.into_parts();
-                        debug!("mount table not watched ({e}); polled at each turn of the model");
-                        Self::Resting(table)
-                    }
-                }
-            }
-            other => other,
-        }
+    fn is_watched(&self) -> bool {
+        self.0.is_some()
     }
 
-    /// Out of the epoll set. Returns whether a change had been seen by
-    /// the runtime and not yet taken (taking it consumed the kernel's
-    /// signal: it must not be lost with the registration).
-    fn rest(self) -> (Self, bool) {
-        match self {
-            Self::Watched(watched) => {
-                let pending = {
-                    let ready = std::pin::pin!(watched.ready(Interest::PRIORITY));
-                    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-                    // An error is a change too: the table is read either way.
-                    ready.poll(&mut cx).is_ready()
-                };
-                (Self::Resting(watched.into_inner()), pending)
-            }
-            other => (other, false),
-        }
-    }
-
-    /// While resting: whether the table changed since the last poll.
-    fn poll_resting(&self) -> std::io::Result<bool> {
-        match self {
-            Self::Resting(table) => discovery::mount_table_changed(table),
-            Self::Off | Self::Watched(_) => Ok(false),
-        }
-    }
-
-    /// While watched: the next change.
-    async fn changed(&self) -> std::io::Result<()> {
-        match self {
-            Self::Watched(watched) => {
-                let mut guard = watched.ready(Interest::PRIORITY).await?;
-                guard.clear_ready();
-                Ok(())
-            }
-            Self::Off | Self::Resting(_) => std::future::pending().await,
-        }
+    /// Whether the table changed since the last poll.
+    fn changed(&self) -> std::io::Result<bool> {
+        self.0.as_ref().map_or(Ok(false), discovery::mount_table_changed)
     }
 }
 
@@ -708,27 +614,24 @@ impl Driver {
                 }
                 // The reports themselves are taken below, every turn.
                 () = self.report_bell.rang() => {}
-                changed = self.mounts.changed() => match changed {
-                    Ok(()) => {
-                        // Counted now, so a read that starts later sees it.
-                        self.mount_changes.changed();
-                        self.mount_scan.changed(Instant::now());
-                    }
-                    Err(e) => self.mounts_unwatched(&e),
-                },
-                () = sleep_until_due(self.mount_scan.due()), if self.mount_scan.due().is_some() => {
-                    if self.mount_scan.fire(Instant::now()) {
-                        self.model.mounts_changed();
-                    }
-                },
                 _ = resync.tick() => self.model.start_resync(true),
                 _ = housekeeping.tick() => self.model.tick(SystemTime::now()),
             }
             self.take_reports()?;
-            match self.mounts.poll_resting() {
-                Ok(true) => self.mounts_changed_while_resting(),
+            match self.mounts.changed() {
+                Ok(true) => {
+                    // Counted before the scan is asked for, so the
+                    // discovery thread's read sees it.
+                    self.mount_changes.changed();
+                    self.model.mounts_changed();
+                }
                 Ok(false) => {}
-                Err(e) => self.mounts_unwatched(&e),
+                Err(e) => {
+                    warn!("mount changes no longer watched: {e}");
+                    self.mounts = MountTable(None);
+                    self.mount_changes.unwatched();
+                    self.model.mounts_changed();
+                }
             }
             let mut sent_death = self.io.flush(&mut self.model)?;
             loop {
@@ -782,42 +685,17 @@ impl Driver {
         }
     }
 
-    /// The mount table and the reports follow the socket's mode (see
-    /// [`MountWatch`], [`ReportBell`]). Returns whether that took a change
-    /// or a report, whose actions are then to be carried out.
+    /// The reports follow the socket's mode (see [`ReportBell`]).
+    /// Returns whether it took any then, whose actions are to be carried
+    /// out.
     fn follow_socket(&mut self) -> Result<bool, WatcherError> {
         let resting = self.io.socket.rest_until.is_some();
         self.report_bell.set_resting(resting);
-        let mounts = std::mem::replace(&mut self.mounts, MountWatch::Off);
         if resting {
-            let (mounts, pending) = mounts.rest();
-            self.mounts = mounts;
-            if pending {
-                self.mounts_changed_while_resting();
-            }
-            Ok(pending)
-        } else {
-            self.mounts = mounts.watched();
-            // Queued while the bell still said "resting": take it now.
-            self.take_reports()
+            return Ok(false);
         }
-    }
-
-    /// A change found by a turn's poll (or left by the runtime at the
-    /// rest's start): scanned for now. The turn came at least a rest's
-    /// length after the last (or for a snapshot or a death, which want the
-    /// names soon): the burst a debounce waits for is already gathered.
-    fn mounts_changed_while_resting(&mut self) {
-        self.mount_changes.changed();
-        self.mount_scan.disarm();
-        self.model.mounts_changed();
-    }
-
-    fn mounts_unwatched(&mut self, e: &std::io::Error) {
-        warn!("mount changes no longer watched: {e}");
-        self.mounts = MountWatch::Off;
-        self.mount_changes.unwatched();
-        self.mount_scan.changed(Instant::now());
+        // Queued while the bell still said "resting": take them now.
+        self.take_reports()
     }
 
     fn report(&mut self, report: Report) -> Result<(), WatcherError> {
@@ -853,27 +731,6 @@ impl Driver {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_burst_of_mount_changes_is_one_scan_at_most_the_delay_after_the_first() {
-        let t0 = Instant::now();
-        let mut debounce = MountDebounce::default();
-        assert_eq!(debounce.due(), None);
-        assert!(!debounce.fire(t0), "no change, no scan");
-        debounce.changed(t0);
-        // The bind mount follows the propagation change within the delay:
-        // it rides along, and does not push the scan later.
-        debounce.changed(t0 + MOUNT_SCAN_DELAY / 2);
-        debounce.changed(t0 + MOUNT_SCAN_DELAY - Duration::from_millis(1));
-        assert_eq!(debounce.due(), Some(t0 + MOUNT_SCAN_DELAY));
-        assert!(!debounce.fire(t0 + MOUNT_SCAN_DELAY / 2), "not yet");
-        assert!(debounce.fire(t0 + MOUNT_SCAN_DELAY), "one scan for the burst");
-        assert!(!debounce.fire(t0 + MOUNT_SCAN_DELAY * 2), "and only one");
-        assert_eq!(debounce.due(), None);
-        // A change after the scan asks for the next one.
-        debounce.changed(t0 + MOUNT_SCAN_DELAY * 3);
-        assert!(debounce.fire(t0 + MOUNT_SCAN_DELAY * 4));
-    }
 
     #[test]
     fn the_socket_rests_after_a_drained_read_and_watches_when_anything_needs_it() {
