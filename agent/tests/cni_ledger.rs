@@ -163,14 +163,19 @@ fn a_nested_ipam_run_takes_its_plugins_resolution() {
                 .iter()
                 .map(|op| (op.command.as_str(), op.plugin.rsplit('/').next().unwrap_or_default(), op.pid))
                 .collect();
-            let [("ADD", "bridge", add), ("ADD", "host-local", add_ipam), ("DEL", "bridge", del), ("DEL", "host-local", del_ipam)] =
-                ops[..]
+            let [
+                ("ADD", "bridge", add),
+                ("ADD", "host-local", add_ipam),
+                ("DEL", "bridge", del),
+                ("DEL", "host-local", del_ipam),
+            ] = ops[..]
             else {
                 panic!("{scan}: bridge and its host-local, ADD then DEL: {ops:?}");
             };
             assert_eq!(nested, [(add, None), (add_ipam, Some(add)), (del, None), (del_ipam, Some(del))], "{scan}");
-            let resolved: Vec<u32> = resolver.pids.borrow().iter().copied().filter(|p| [add, add_ipam, del, del_ipam].contains(p)).collect();
-            assert_eq!(resolved, [add, del], "{scan}: only the bridge runs resolved");
+            let resolving: Vec<u32> =
+                resolver.pids.borrow().iter().copied().filter(|p| [add, add_ipam, del, del_ipam].contains(p)).collect();
+            assert_eq!(resolving, [add, del], "{scan}: only the bridge runs resolved");
             let fd = std::fs::File::open(&pod.path).expect("opens the pod's netns");
             let nsid = netreap::netlink::query::Querier::open()
                 .expect("a socket")

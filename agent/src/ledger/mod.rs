@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 
 pub mod persist;
 
-pub use crate::netlink::query::Guess;
 use crate::kernel::events::{CniExit, KernelEvent};
+pub use crate::netlink::query::Guess;
 
 /// Operations kept per container. Past it, finished operations after the
 /// first few are dropped oldest first: the first ones (the ADD that made the
@@ -355,16 +355,13 @@ impl Ledger {
                 let inherited = exec.nested_in.filter(|_| !truncated).and_then(|parent| {
                     self.parent_resolution(parent, &container_id, &exec.command.value, netns_path.as_deref()?)
                 });
-                let (netns_inode, netns_nsid) = match inherited {
-                    Some((inode, nsid)) => (Some(inode), Some(nsid)),
-                    None => {
-                        // An ADD's netns is usually new, without an nsid
-                        // yet; any other run's was given one by the ADD's
-                        // resolution.
-                        let guess = if exec.command.value == "ADD" { Guess::Unassigned } else { Guess::Assigned };
-                        netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess))
-                    }
-                };
+                // An ADD's netns is usually new, without an nsid yet; any
+                // other run's was given one by the ADD's resolution.
+                let guess = if exec.command.value == "ADD" { Guess::Unassigned } else { Guess::Assigned };
+                let (netns_inode, netns_nsid) = inherited.map_or_else(
+                    || netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess)),
+                    |(inode, nsid)| (Some(inode), Some(nsid)),
+                );
                 self.evict_if_full();
                 let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| {
                     Arc::new(Attachment {
@@ -614,7 +611,8 @@ impl Ledger {
     fn parent_resolution(&self, parent: u32, container: &str, command: &str, path: &str) -> Option<(u64, i32)> {
         let run = self.running.get(&parent)?;
         let resolved = run.netns.filter(|_| run.container == container)?;
-        let op = self.by_container.get(container)?.operations.iter().rev().find(|op| op.pid == parent && op.in_flight())?;
+        let op =
+            self.by_container.get(container)?.operations.iter().rev().find(|op| op.pid == parent && op.in_flight())?;
         (!op.truncated && op.command == command && op.netns_path.as_deref() == Some(path)).then_some(resolved)
     }
 
@@ -719,7 +717,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("cni-1234");
         std::fs::write(&plain, "").unwrap();
-        assert_eq!(r.resolve(plain.to_str().unwrap(), None, Guess::Unassigned), (None, None), "an unmounted mount point");
+        assert_eq!(
+            r.resolve(plain.to_str().unwrap(), None, Guess::Unassigned),
+            (None, None),
+            "an unmounted mount point"
+        );
         assert_eq!(r.resolve("/nonexistent/netns", None, Guess::Assigned), (None, None));
     }
 

@@ -366,7 +366,9 @@ mod tests {
     /// nsid for that netns, as a plain query says after.
     #[test]
     fn nsid_or_assign_answers_the_same_nsid_whichever_it_tries_first() {
-        for (tag, first, then) in [("ua", Guess::Unassigned, Guess::Assigned), ("au", Guess::Assigned, Guess::Unassigned)] {
+        for (tag, first, then) in
+            [("ua", Guess::Unassigned, Guess::Assigned), ("au", Guess::Assigned, Guess::Unassigned)]
+        {
             let ns = TestNetns::new(tag);
             let fd = std::fs::File::open(ns.path()).expect("opens the netns");
             let mut q = Querier::open().expect("a NETLINK_ROUTE socket");

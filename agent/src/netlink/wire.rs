@@ -13,8 +13,8 @@
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    DoneBuffer, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_ECHO, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR,
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlaBuffer, NlasIterator, Parseable,
+    DoneBuffer, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_ECHO, NLM_F_REQUEST, NLMSG_DONE,
+    NLMSG_ERROR, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlaBuffer, NlasIterator, Parseable,
     ParseableParametrized,
 };
 use netlink_packet_route::{
