@@ -203,6 +203,7 @@ fn begin(variant: u32) -> Result<EnvScan, i64> {
     data.env_scanned = 0;
     data.uid = bpf_get_current_uid_gid() as u32;
     data.scan_variant = variant;
+    data.nested_in = 0;
     // Whole, not only the first byte: the fingerprint hashes every byte,
     // and a read stops at its NUL.
     zero(&mut data.command);
@@ -251,17 +252,18 @@ fn finish(ctx: &TracePointContext, scan: &EnvScan) -> Result<u32, i64> {
 
     // A DEL's exec record is read with the run's exit (or before any
     // decision): one wake-up per DEL instead of two. So is a nested run's
-    // (see `nested`), read with its parent's exit at the latest. Any other
+    // (see `nested_in`), read with its parent's exit at the latest. Any other
     // run's is read at once: its CNI_NETNS is resolved to a netns identity
     // when read, and the netns of an ADD that fails may be gone soon after
     // (a DEL that cannot be resolved keeps what its ADD resolved), even
     // while a DEL's record waits unread.
     let is_del = data.command[0] == b'D' && data.command[1] == b'E' && data.command[2] == b'L' && data.command[3] == 0;
     let own = fingerprint(data);
-    let nested = nested(own);
+    let parent = nested_in(own);
+    event.data.nested_in = parent;
     event.header = header(kind::CNI_EXEC, size_of::<Event<CniExecData>>());
     let _ = CNI_TASKS.insert(tgid, own, 0);
-    output(event, if is_del || nested { Wake::Later } else { Wake::Now });
+    output(event, if is_del || parent != 0 { Wake::Later } else { Wake::Now });
     Ok(0)
 }
 
@@ -326,8 +328,9 @@ const _: () = {
     assert!(netreap_common::CNI_NETNS_LEN.is_multiple_of(8));
 };
 
-/// True when the current task's parent is a CNI run with the same
-/// fingerprint: a plugin running another for the same operation (bridge
+/// The process id of the current task's parent when that is a CNI run
+/// with the same fingerprint (0 when not: no CNI run has process id 0),
+/// i.e. the run is nested: a plugin running another for the same operation (bridge
 /// exec'ing host-local, a meta plugin its delegates) or a plugin's helper
 /// (iptables) that inherited its environment. Such a run's records need no
 /// wake-up of their own: the parent waits for it, so they are in the ring
@@ -335,24 +338,25 @@ const _: () = {
 /// the ring before every decision too. Its CNI_NETNS is the parent's, whose
 /// exec record (an outer ADD's) was read at once, and a later failure to
 /// resolve the same path keeps what was resolved. A run whose parent is
-/// gone (killed; it was re-parented) is not nested: its exit wakes.
+/// gone (killed; it was re-parented) is not nested: its exit wakes. The
+/// agent gives a nested run its parent's netns resolution (agent/src/ledger).
 #[inline(always)]
-fn nested(own: u64) -> bool {
+fn nested_in(own: u64) -> u32 {
     if own == 0 {
-        return false;
+        return 0;
     }
     let off = offsets();
     let Ok(parent) = read::<*const u8>(current_task(), off.task_real_parent) else {
-        return false;
+        return 0;
     };
     if parent.is_null() {
-        return false;
+        return 0;
     }
     let Ok(parent_tgid) = read::<u32>(parent, off.task_tgid) else {
-        return false;
+        return 0;
     };
     // SAFETY: a plain lookup; the value is copied at once.
-    unsafe { CNI_TASKS.get(parent_tgid) }.is_some_and(|&theirs| theirs == own)
+    if unsafe { CNI_TASKS.get(parent_tgid) }.is_some_and(|&theirs| theirs == own) { parent_tgid } else { 0 }
 }
 
 /// bpf_loop callback: one [`step`]. Returns 1 to stop.
@@ -468,6 +472,6 @@ fn try_cni_exit() -> Result<u32, i64> {
     // it would keep every later netns record (written with the default
     // wake-up: `__put_net`, the death of the netns the runtime removes
     // next) from waking the agent until the next forced wake-up or tick.
-    output(&event, if nested(own) { Wake::Later } else { Wake::Now });
+    output(&event, if nested_in(own) != 0 { Wake::Later } else { Wake::Now });
     Ok(0)
 }

@@ -18,7 +18,7 @@ use std::{
 
 use netreap::{
     kernel::{cni_runs::CniRunFilter, events::KernelEvent},
-    ledger::{Ledger, StatResolver},
+    ledger::{Guess, Ledger, NetnsResolver, StatResolver},
 };
 use support::{
     Watch, both_scans, kernel_tests_possible,
@@ -99,6 +99,92 @@ fn a_failed_chained_add_binds_its_container_to_its_netns() {
             let bridge = a.operations.iter().find(|op| op.plugin.ends_with("/bridge")).expect("bridge ADD recorded");
             assert_eq!(bridge.result(), "success", "{scan}");
             assert!(!a.in_flight(), "{scan}: nothing in flight once the plugins exited");
+        }
+    });
+}
+
+/// Resolves as the agent does, noting whose runs it resolved.
+#[derive(Default)]
+struct Noting {
+    inner: StatResolver,
+    pids: std::cell::RefCell<Vec<u32>>,
+}
+
+impl NetnsResolver for Noting {
+    fn inode_of(&self, path: &str, pid: Option<u32>) -> Option<u64> {
+        self.inner.inode_of(path, pid)
+    }
+
+    fn resolve(&self, path: &str, pid: Option<u32>, guess: Guess) -> (Option<u64>, Option<i32>) {
+        self.pids.borrow_mut().extend(pid);
+        self.inner.resolve(path, pid, guess)
+    }
+}
+
+/// A real ADD and DEL (bridge, which runs host-local for the same
+/// operation): the kernel reports each host-local run nested in its bridge
+/// run, and the ledger binds the container to its netns (inode and the
+/// kernel's nsid) with the bridge runs' resolutions only, one per
+/// operation.
+#[test]
+fn a_nested_ipam_run_takes_its_plugins_resolution() {
+    if !preconditions() {
+        return;
+    }
+    let _quiet = QUIET.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    runtime().block_on(async {
+        for (i, (scan, mut w)) in both_scans().into_iter().enumerate() {
+            let lab = Lab::new(&format!("10.253.{}.0/29", 26 + i));
+            let pod = lab.pod();
+            let inode = std::fs::metadata(&pod.path).expect("pod netns").ino();
+            let net = lab.network(&unique("nrEnet"), "host-local", &[]);
+            lab.add(&net, &pod).expect("a real ADD");
+            lab.del(&net, &pod).expect("a real DEL");
+            let filter = filter_for(&lab);
+            let mut ledger = Ledger::new();
+            let resolver = Noting::default();
+            let cid = pod.container_id.clone();
+            let mut nested = Vec::new();
+            w.wait_for(WAIT, "the real runs' exits", |e| {
+                if filter.admit(e).is_ok() {
+                    if let KernelEvent::CniExec { task, exec } = e
+                        && exec.container_id.as_ref().is_some_and(|c| c.value == cid)
+                    {
+                        nested.push((task.tgid, exec.nested_in));
+                    }
+                    ledger.observe(e, wall, &resolver);
+                }
+                ledger.get(&cid).is_some_and(|a| a.operations.len() >= 4 && !a.in_flight())
+            })
+            .await;
+            let a = ledger.get(&cid).unwrap();
+            let ops: Vec<(&str, &str, u32)> = a
+                .operations
+                .iter()
+                .map(|op| (op.command.as_str(), op.plugin.rsplit('/').next().unwrap_or_default(), op.pid))
+                .collect();
+            let [
+                ("ADD", "bridge", add),
+                ("ADD", "host-local", add_ipam),
+                ("DEL", "bridge", del),
+                ("DEL", "host-local", del_ipam),
+            ] = ops[..]
+            else {
+                panic!("{scan}: bridge and its host-local, ADD then DEL: {ops:?}");
+            };
+            assert_eq!(nested, [(add, None), (add_ipam, Some(add)), (del, None), (del_ipam, Some(del))], "{scan}");
+            let resolving: Vec<u32> =
+                resolver.pids.borrow().iter().copied().filter(|p| [add, add_ipam, del, del_ipam].contains(p)).collect();
+            assert_eq!(resolving, [add, del], "{scan}: only the bridge runs resolved");
+            let fd = std::fs::File::open(&pod.path).expect("opens the pod's netns");
+            let nsid = netreap::netlink::query::Querier::open()
+                .expect("a socket")
+                .nsid_of(std::os::fd::AsRawFd::as_raw_fd(&fd), false)
+                .expect("asks");
+            assert!(nsid.is_some(), "{scan}: the ADD's resolution gave the netns an nsid");
+            assert_eq!((a.netns_inode, a.netns_nsid), (Some(inode), nsid), "{scan}");
+            let del_started = a.operations[3].started_at;
+            assert_eq!(a.netns_bound_at, Some(del_started), "{scan}: dated by the last run bound");
         }
     });
 }

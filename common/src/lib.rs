@@ -127,6 +127,11 @@ pub struct CniExecData {
     pub uid: u32,
     /// [`scan_variant`] that read the environment.
     pub scan_variant: u32,
+    /// When the run is nested (its parent is a CNI run with the same
+    /// CNI_COMMAND, CNI_CONTAINERID and CNI_NETNS, none of them cut: bridge
+    /// running host-local), the parent's process id; else 0.
+    pub nested_in: u32,
+    pub _pad: u32,
     pub command: [u8; CNI_COMMAND_LEN],
     pub container_id: [u8; CNI_CONTAINER_ID_LEN],
     pub netns: [u8; CNI_NETNS_LEN],
@@ -142,7 +147,7 @@ pub struct CniExecData {
 const _: () = assert!(core::mem::size_of::<EventHeader>() == 48);
 const _: () = assert!(
     core::mem::size_of::<CniExecData>()
-        == 4 * 4
+        == 6 * 4
             + CNI_COMMAND_LEN
             + CNI_CONTAINER_ID_LEN
             + CNI_NETNS_LEN
@@ -150,7 +155,7 @@ const _: () = assert!(
             + FILENAME_LEN
             + CNI_ARGS_LEN
 );
-const _: () = assert!(core::mem::size_of::<Event<CniExecData>>() == 48 + 704 + CNI_ARGS_LEN);
+const _: () = assert!(core::mem::size_of::<Event<CniExecData>>() == 48 + 712 + CNI_ARGS_LEN);
 
 /// CNI_EXIT.
 #[repr(C)]

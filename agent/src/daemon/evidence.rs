@@ -810,6 +810,7 @@ mod tests {
                 env_scanned: 10,
                 uid: 0,
                 scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
+                nested_in: None,
             },
         };
         ledger.observe(&exec, t, &Inode(inode));
@@ -963,6 +964,7 @@ mod tests {
                 env_scanned: 10,
                 uid: 0,
                 scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
+                nested_in: None,
             },
         };
         ledger.observe(&exec, t, &InodeNsid);

@@ -118,6 +118,7 @@ mod tests {
                 env_scanned: 4,
                 uid,
                 scan_variant: EnvScanVariant::BpfLoop,
+                nested_in: None,
             },
         }
     }

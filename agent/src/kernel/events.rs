@@ -111,6 +111,11 @@ pub struct CniExec {
     /// Real uid of the process after exec.
     pub uid: u32,
     pub scan_variant: EnvScanVariant,
+    /// The kernel saw this run nested: its parent, this process, is a CNI
+    /// run with the same CNI_COMMAND, CNI_CONTAINERID and CNI_NETNS (none of
+    /// them cut) that had not exited when this one started.
+    #[serde(skip)]
+    pub nested_in: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -258,6 +263,7 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
                     env_scanned: d.env_scanned,
                     uid: d.uid,
                     scan_variant: EnvScanVariant::from_raw(d.scan_variant)?,
+                    nested_in: (d.nested_in != 0).then_some(d.nested_in),
                 },
             }
         }
@@ -310,6 +316,8 @@ mod tests {
             env_scanned: 12,
             uid: 0,
             scan_variant: scan_variant::BPF_LOOP,
+            nested_in: 0,
+            _pad: 0,
             command: [0; 16],
             container_id: [0; 128],
             netns: [0; 256],
@@ -354,6 +362,11 @@ mod tests {
         assert_eq!(exec.container_id.as_ref().map(|v| v.value.as_str()), Some("abc123"));
         assert!(exec.netns.as_ref().is_some_and(|v| v.truncated), "flagged value is truncated");
         assert_eq!(exec.ifname, None, "absent without HAS_IFNAME");
+        assert_eq!(exec.nested_in, None, "0: not nested");
+        let mut rec = exec_record(flags);
+        rec.data.nested_in = 4321;
+        let KernelEvent::CniExec { exec, .. } = decode(&bytes_of(&rec)).unwrap() else { panic!("not an exec") };
+        assert_eq!(exec.nested_in, Some(4321));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 pub mod persist;
 
 use crate::kernel::events::{CniExit, KernelEvent};
+pub use crate::netlink::query::Guess;
 
 /// Operations kept per container. Past it, finished operations after the
 /// first few are dropped oldest first: the first ones (the ADD that made the
@@ -138,8 +139,9 @@ pub trait NetnsResolver {
     }
 
     /// Both: the inode of the netns at `path` and its nsid (the nsid only
-    /// with an inode).
-    fn resolve(&self, path: &str, pid: Option<u32>) -> (Option<u64>, Option<i32>) {
+    /// with an inode). `guess`: whether that netns likely has an nsid yet
+    /// (a hint for the order of the requests, never for the answer).
+    fn resolve(&self, path: &str, pid: Option<u32>, _guess: Guess) -> (Option<u64>, Option<i32>) {
         let Some(inode) = self.inode_of(path, pid) else { return (None, None) };
         (Some(inode), self.nsid_of(path, pid, inode as u32))
     }
@@ -189,14 +191,14 @@ impl NetnsResolver for StatResolver {
 
     fn nsid_of(&self, path: &str, pid: Option<u32>, inode: u32) -> Option<i32> {
         let fd = self.candidates(path, pid).iter().find_map(|p| crate::discovery::open_netns(p, inode).ok())?;
-        self.nsid_by_fd(&fd)
+        self.nsid_by_fd(&fd, Guess::Unassigned)
     }
 
     /// One path walk fewer than `inode_of` + `nsid_of` (a CNI run costs
     /// one of these): the nsfs file found is opened once, and its inode and
     /// nsid come from that open file. Only a path `statfs` shows on nsfs is
     /// opened (CNI_NETNS is any string a plugin's caller chose).
-    fn resolve(&self, path: &str, pid: Option<u32>) -> (Option<u64>, Option<i32>) {
+    fn resolve(&self, path: &str, pid: Option<u32>, guess: Guess) -> (Option<u64>, Option<i32>) {
         for candidate in self.candidates(path, pid) {
             let Ok(c_path) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(candidate.as_os_str()))
             else {
@@ -206,7 +208,7 @@ impl NetnsResolver for StatResolver {
                 continue;
             }
             if let Some((fd, inode)) = open_nsfs(&c_path) {
-                return (Some(inode), self.nsid_by_fd(&fd));
+                return (Some(inode), self.nsid_by_fd(&fd, guess));
             }
             // Not openable now (a race, or no fd left): as `inode_of` +
             // `nsid_of` would say.
@@ -221,12 +223,12 @@ impl NetnsResolver for StatResolver {
 
 impl StatResolver {
     /// The nsid of the netns behind `fd`, assigned when it has none.
-    fn nsid_by_fd(&self, fd: &std::os::fd::OwnedFd) -> Option<i32> {
+    fn nsid_by_fd(&self, fd: &std::os::fd::OwnedFd, guess: Guess) -> Option<i32> {
         let mut querier = self.querier.try_borrow_mut().ok()?;
         if querier.is_none() {
             *querier = crate::netlink::query::Querier::open().ok();
         }
-        querier.as_mut()?.nsid_of(std::os::fd::AsRawFd::as_raw_fd(fd), true).ok().flatten()
+        querier.as_mut()?.nsid_or_assign(std::os::fd::AsRawFd::as_raw_fd(fd), guess).ok().flatten()
     }
 }
 
@@ -284,7 +286,7 @@ pub struct Ledger {
     /// while a snapshot still holds it.
     by_container: HashMap<String, Arc<Attachment>>,
     /// Running plugin processes -> their container.
-    running: HashMap<u32, String>,
+    running: HashMap<u32, Run>,
     /// Runs whose environment the kernel could not read to its end and
     /// that named no container: unknown, so in flight for every container
     /// until their process exits. Keyed by pid; reaped with the process.
@@ -293,6 +295,15 @@ pub struct Ledger {
     /// (inode and date) that died, so that a later binding is not taken
     /// for dead.
     died: HashMap<String, DeadBinding>,
+}
+
+/// A plugin process running a CNI operation.
+#[derive(Debug, Clone)]
+struct Run {
+    container: String,
+    /// What its exec record's CNI_NETNS resolved to (inode and nsid), when
+    /// both were, for its nested runs.
+    netns: Option<(u64, i32)>,
 }
 
 /// A binding whose netns died.
@@ -329,13 +340,28 @@ impl Ledger {
                     return None;
                 }
                 let netns_path = exec.netns.as_ref().map(|v| v.value.clone()).filter(|p| !p.is_empty());
-                let (netns_inode, netns_nsid) =
-                    netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid)));
                 let ifname = exec.ifname.as_ref().map(|v| v.value.clone()).filter(|i| !i.is_empty());
                 let truncated = exec.command.truncated
                     || exec.container_id.as_ref().is_some_and(|v| v.truncated)
                     || exec.netns.as_ref().is_some_and(|v| v.truncated)
                     || exec.ifname.as_ref().is_some_and(|v| v.truncated);
+                // A nested run (bridge's host-local) takes its parent run's
+                // resolution of the same path: made when the parent's
+                // record was read, never later than this one's would be
+                // (the parent exec'd first, so its record is ahead in the
+                // ring), so no further from the netns the operation used.
+                // Only that run's own resolution, never one found by path
+                // or inode: a path or inode may name a new netns since.
+                let inherited = exec.nested_in.filter(|_| !truncated).and_then(|parent| {
+                    self.parent_resolution(parent, &container_id, &exec.command.value, netns_path.as_deref()?)
+                });
+                // An ADD's netns is usually new, without an nsid yet; any
+                // other run's was given one by the ADD's resolution.
+                let guess = if exec.command.value == "ADD" { Guess::Unassigned } else { Guess::Assigned };
+                let (netns_inode, netns_nsid) = inherited.map_or_else(
+                    || netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess)),
+                    |(inode, nsid)| (Some(inode), Some(nsid)),
+                );
                 self.evict_if_full();
                 let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| {
                     Arc::new(Attachment {
@@ -371,8 +397,9 @@ impl Ledger {
                 }
                 // A process exec'ing a second CNI binary (a plugin delegating
                 // to IPAM by exec, rare) finishes its first operation.
-                if let Some(previous) = self.running.insert(task.tgid, container_id.clone())
-                    && let Some(prev) = self.by_container.get_mut(&previous)
+                let run = Run { container: container_id.clone(), netns: netns_inode.zip(netns_nsid) };
+                if let Some(previous) = self.running.insert(task.tgid, run)
+                    && let Some(prev) = self.by_container.get_mut(&previous.container)
                 {
                     finish(Arc::make_mut(prev), task.tgid, at, None, true);
                 }
@@ -402,7 +429,7 @@ impl Ledger {
                 if self.unattributed.remove(&task.tgid).is_some() {
                     return None;
                 }
-                let container_id = self.running.remove(&task.tgid)?;
+                let container_id = self.running.remove(&task.tgid)?.container;
                 let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
                 finish(entry, task.tgid, wall(task.ktime_ns), Some(exit.clone()), false);
                 Some(entry)
@@ -416,7 +443,7 @@ impl Ledger {
     pub fn reap_vanished(&mut self, now: SystemTime, alive: impl Fn(u32) -> bool) -> usize {
         self.unattributed.retain(|pid, _| alive(*pid));
         let gone: Vec<(u32, String)> =
-            self.running.iter().filter(|(pid, _)| !alive(**pid)).map(|(p, c)| (*p, c.clone())).collect();
+            self.running.iter().filter(|(pid, _)| !alive(**pid)).map(|(p, r)| (*p, r.container.clone())).collect();
         for (pid, container) in &gone {
             self.running.remove(pid);
             if let Some(entry) = self.by_container.get_mut(container) {
@@ -440,7 +467,7 @@ impl Ledger {
     ) {
         // Ends the run this process was in, if any (see the exec path).
         if let Some(previous) = self.running.remove(&task.tgid)
-            && let Some(prev) = self.by_container.get_mut(&previous)
+            && let Some(prev) = self.by_container.get_mut(&previous.container)
         {
             finish(Arc::make_mut(prev), task.tgid, at, None, true);
         }
@@ -483,7 +510,7 @@ impl Ledger {
         if self.unattributed.contains_key(&pid) {
             return Some(None);
         }
-        let container = self.running.get(&pid)?;
+        let container = &self.running.get(&pid)?.container;
         let whole = self.by_container.get(container).is_some_and(|a| {
             a.operations.iter().rev().find(|op| op.pid == pid && op.in_flight()).is_some_and(|op| !op.truncated)
         });
@@ -522,7 +549,7 @@ impl Ledger {
                 continue;
             }
             for op in a.operations.iter().filter(|op| op.in_flight()) {
-                self.running.entry(op.pid).or_insert_with(|| a.container_id.clone());
+                self.running.entry(op.pid).or_insert_with(|| Run { container: a.container_id.clone(), netns: None });
             }
             self.by_container.insert(a.container_id.clone(), Arc::new(a));
         }
@@ -576,6 +603,17 @@ impl Ledger {
         let by_container = &self.by_container;
         self.died.retain(|c, _| by_container.contains_key(c));
         forgotten
+    }
+
+    /// The resolution of `path` that the run of process `parent`, in
+    /// flight, made for the same operation (container, command and path,
+    /// none of them cut), if it resolved both inode and nsid.
+    fn parent_resolution(&self, parent: u32, container: &str, command: &str, path: &str) -> Option<(u64, i32)> {
+        let run = self.running.get(&parent)?;
+        let resolved = run.netns.filter(|_| run.container == container)?;
+        let op =
+            self.by_container.get(container)?.operations.iter().rev().find(|op| op.pid == parent && op.in_flight())?;
+        (!op.truncated && op.command == command && op.netns_path.as_deref() == Some(path)).then_some(resolved)
     }
 
     fn evict_if_full(&mut self) {
@@ -644,6 +682,7 @@ mod tests {
                 env_scanned: 10,
                 uid: 0,
                 scan_variant: crate::kernel::events::EnvScanVariant::BpfLoop,
+                nested_in: None,
             },
         }
     }
@@ -669,16 +708,21 @@ mod tests {
         let r = StatResolver::new(None);
         let own = "/proc/self/ns/net";
         let inode = r.inode_of(own, None).expect("our own netns is on nsfs");
-        let (resolved_inode, resolved_nsid) = r.resolve(own, None);
+        let (resolved_inode, resolved_nsid) = r.resolve(own, None, Guess::Unassigned);
         assert_eq!(resolved_inode, Some(inode));
         assert_eq!(resolved_nsid, r.nsid_of(own, None, inode as u32));
+        assert_eq!(r.resolve(own, None, Guess::Assigned), (resolved_inode, resolved_nsid));
         // The plugin's own root first: a pid that is gone falls through.
-        assert_eq!(r.resolve(own, Some(u32::MAX)).0, Some(inode));
+        assert_eq!(r.resolve(own, Some(u32::MAX), Guess::Assigned).0, Some(inode));
         let dir = tempfile::tempdir().unwrap();
         let plain = dir.path().join("cni-1234");
         std::fs::write(&plain, "").unwrap();
-        assert_eq!(r.resolve(plain.to_str().unwrap(), None), (None, None), "an unmounted mount point");
-        assert_eq!(r.resolve("/nonexistent/netns", None), (None, None));
+        assert_eq!(
+            r.resolve(plain.to_str().unwrap(), None, Guess::Unassigned),
+            (None, None),
+            "an unmounted mount point"
+        );
+        assert_eq!(r.resolve("/nonexistent/netns", None, Guess::Assigned), (None, None));
     }
 
     #[test]
@@ -746,6 +790,113 @@ mod tests {
             [(10, "failure"), (11, "failure")]
         );
         assert!(!a.in_flight());
+    }
+
+    /// Answers one netns (inode and nsid) and counts its resolutions.
+    struct Counting {
+        inode: u64,
+        nsid: i32,
+        calls: std::cell::Cell<u32>,
+    }
+
+    impl Counting {
+        fn new(inode: u64, nsid: i32) -> Self {
+            Self { inode, nsid, calls: std::cell::Cell::new(0) }
+        }
+    }
+
+    impl NetnsResolver for Counting {
+        fn inode_of(&self, _: &str, _: Option<u32>) -> Option<u64> {
+            Some(self.inode)
+        }
+
+        fn resolve(&self, _: &str, _: Option<u32>, _: Guess) -> (Option<u64>, Option<i32>) {
+            self.calls.set(self.calls.get() + 1);
+            (Some(self.inode), Some(self.nsid))
+        }
+    }
+
+    /// `event` (an exec) as the kernel reports a run nested in `parent`.
+    fn nested_in(mut event: KernelEvent, parent: u32) -> KernelEvent {
+        if let KernelEvent::CniExec { exec, .. } = &mut event {
+            exec.nested_in = Some(parent);
+        }
+        event
+    }
+
+    fn with_netns(mut event: KernelEvent, path: &str) -> KernelEvent {
+        if let KernelEvent::CniExec { exec, .. } = &mut event {
+            exec.netns = Some(v(path));
+        }
+        event
+    }
+
+    /// A nested run (host-local under bridge, a delegate under a meta
+    /// plugin) is bound as its parent run resolved the path, without a
+    /// resolution of its own: here the path would now resolve to another
+    /// netns, and the binding stays the parent's, dated by the nested run.
+    #[test]
+    fn a_nested_run_takes_its_parent_runs_resolution() {
+        let mut l = Ledger::new();
+        let first = Counting::new(77, 5);
+        l.observe(&exec(10, 1, "DEL", "c1"), wall, &first);
+        assert_eq!(first.calls.get(), 1);
+        let later = Counting::new(88, 6);
+        l.observe(&nested_in(exec(11, 2, "DEL", "c1"), 10), wall, &later);
+        l.observe(&nested_in(exec(12, 3, "DEL", "c1"), 11), wall, &later);
+        assert_eq!(later.calls.get(), 0, "resolved nothing");
+        let a = l.get("c1").unwrap();
+        assert_eq!((a.netns_inode, a.netns_nsid, a.netns_bound_at), (Some(77), Some(5), Some(wall(3))));
+        assert_eq!(a.operations.iter().map(|op| op.pid).collect::<Vec<_>>(), [10, 11, 12]);
+        assert!(a.operations.iter().all(CniOperation::in_flight));
+    }
+
+    /// Only the parent run's own whole resolution, made for the same
+    /// operation, is taken: a parent that exited (its pid may be anyone's
+    /// now), ran for another container, command or path, resolved no nsid,
+    /// or had a value cut, leaves the nested run to resolve its own; so
+    /// does a nested run with a value cut.
+    #[test]
+    fn a_nested_run_resolves_its_own_unless_its_parent_run_resolved_the_same_operation() {
+        let whole = Counting::new(77, 5);
+        let parent_exited = [exec(10, 1, "ADD", "c1"), exit(10, 2, 0)];
+        let other_container = [exec(10, 1, "ADD", "c2")];
+        let other_command = [exec(10, 1, "DEL", "c1")];
+        let other_path = [with_netns(exec(10, 1, "ADD", "c1"), "/var/run/netns/cni-2")];
+        let mut cut = exec(10, 1, "ADD", "c1");
+        if let KernelEvent::CniExec { exec, .. } = &mut cut {
+            exec.ifname = Some(CniValue { value: "eth".into(), truncated: true });
+        }
+        for (what, before) in [
+            ("exited", &parent_exited[..]),
+            ("another container", &other_container[..]),
+            ("another command", &other_command[..]),
+            ("another path", &other_path[..]),
+            ("a cut value", std::slice::from_ref(&cut)),
+        ] {
+            let mut l = Ledger::new();
+            for e in before {
+                l.observe(e, wall, &whole);
+            }
+            let own = Counting::new(88, 6);
+            l.observe(&nested_in(exec(11, 3, "ADD", "c1"), 10), wall, &own);
+            assert_eq!(own.calls.get(), 1, "{what}");
+            assert_eq!(l.get("c1").unwrap().netns_inode, Some(88), "{what}");
+        }
+        // A parent whose nsid is unknown (FixedResolver gives none).
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+        let own = Counting::new(88, 6);
+        l.observe(&nested_in(exec(11, 2, "ADD", "c1"), 10), wall, &own);
+        assert_eq!((own.calls.get(), l.get("c1").unwrap().netns_nsid), (1, Some(6)), "a parent without nsid");
+        // A nested run with a value cut.
+        let mut l = Ledger::new();
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &whole);
+        let own = Counting::new(88, 6);
+        let KernelEvent::CniExec { task, mut exec } = nested_in(exec(11, 2, "ADD", "c1"), 10) else { unreachable!() };
+        exec.ifname = Some(CniValue { value: "eth".into(), truncated: true });
+        l.observe(&KernelEvent::CniExec { task, exec }, wall, &own);
+        assert_eq!(own.calls.get(), 1, "a cut nested run");
     }
 
     #[test]

@@ -58,6 +58,28 @@ pub struct Querier {
     buf: Vec<u8>,
     /// A dump by target nsid has worked on this kernel.
     targeted_ok: bool,
+    /// Whether this kernel echoes an nsid assignment (`NLM_F_ECHO`); None
+    /// until an assignment has told.
+    echo: Option<bool>,
+    /// Requests sent (what a test can count round trips by).
+    sent: u64,
+}
+
+/// Which nsid request [`Querier::nsid_or_assign`] sends first: the one
+/// likely to be the only one needed. Either order gets the same answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guess {
+    /// The netns is likely new (a CNI ADD's): assign, with an echo.
+    Unassigned,
+    /// It likely has an nsid: ask for it.
+    Assigned,
+}
+
+/// How an echoed assignment went.
+enum Assigned {
+    Nsid(i32),
+    /// Refused (EEXIST: it has one) or not echoed: ask.
+    Ask,
 }
 
 impl Querier {
@@ -84,7 +106,7 @@ impl Querier {
         if rc < 0 {
             return Err(QueryError::Timeout(std::io::Error::last_os_error()));
         }
-        Ok(Self { socket, seq: 1, buf: vec![0; RECV_BUFFER], targeted_ok: false })
+        Ok(Self { socket, seq: 1, buf: vec![0; RECV_BUFFER], targeted_ok: false, echo: None, sent: 0 })
     }
 
     /// Sends `request` (built with `seq`) and feeds each message of its
@@ -97,7 +119,7 @@ impl Querier {
     ) -> Result<End, QueryError> {
         self.seq = self.seq.wrapping_add(1).max(1);
         let seq = self.seq;
-        self.socket.send(&build(seq))?;
+        self.send(&build(seq))?;
         loop {
             let Some(d) = self.socket.recv(&mut self.buf)? else { return Err(QueryError::Truncated) };
             for (header, payload) in wire::messages(&self.buf[..d.len]).flatten() {
@@ -141,14 +163,66 @@ impl Querier {
             // Answered only on failure (EEXIST when it has one): not waited
             // for; the GETNSID below is answered after it, in order.
             self.seq = self.seq.wrapping_add(1).max(1);
-            self.socket.send(&wire::assign_nsid(self.seq, fd))?;
+            self.send(&wire::assign_nsid(self.seq, fd))?;
         }
         self.seq = self.seq.wrapping_add(1).max(1);
-        self.socket.send(&wire::get_nsid(self.seq, fd))?;
+        self.send(&wire::get_nsid(self.seq, fd))?;
         Ok(match self.reply(self.seq)? {
             Some(Message::NewNsid { nsid }) => nsid,
             _ => None,
         })
+    }
+
+    /// The nsid of the netns behind `fd`, assigning one when it has none,
+    /// in one round trip when `guess` is right: an assignment is echoed
+    /// with its nsid, and asking first spares the assignment. Two or three
+    /// when wrong (or when another process assigns in between).
+    pub fn nsid_or_assign(&mut self, fd: std::os::fd::RawFd, guess: Guess) -> Result<Option<i32>, QueryError> {
+        if guess == Guess::Assigned || self.echo == Some(false) {
+            if let Some(nsid) = self.nsid_of(fd, false)? {
+                return Ok(Some(nsid));
+            }
+            if self.echo == Some(false) {
+                return self.nsid_of(fd, true);
+            }
+        }
+        match self.assign_echoed(fd)? {
+            Assigned::Nsid(nsid) => Ok(Some(nsid)),
+            Assigned::Ask => self.nsid_of(fd, false),
+        }
+    }
+
+    /// Assigns an nsid to the netns behind `fd`, with `NLM_F_ECHO`. Until
+    /// this kernel has shown whether it echoes, the acknowledgement is asked
+    /// for too, so that a kernel that does not answers something.
+    fn assign_echoed(&mut self, fd: std::os::fd::RawFd) -> Result<Assigned, QueryError> {
+        let probe = self.echo.is_none();
+        self.seq = self.seq.wrapping_add(1).max(1);
+        let seq = self.seq;
+        self.send(&wire::assign_nsid_echo(seq, fd, probe))?;
+        match self.reply(seq)? {
+            Some(Message::NewNsid { nsid: Some(nsid) }) => {
+                if probe {
+                    // Its acknowledgement follows: read it now, not as a
+                    // stray later.
+                    self.reply(seq)?;
+                    self.echo = Some(true);
+                }
+                Ok(Assigned::Nsid(nsid))
+            }
+            Some(Message::Error { errno: 0, .. }) => {
+                // Acknowledged without an echo: this kernel does not echo.
+                self.echo = Some(false);
+                Ok(Assigned::Ask)
+            }
+            _ => Ok(Assigned::Ask),
+        }
+    }
+
+    fn send(&mut self, request: &[u8]) -> Result<(), QueryError> {
+        self.sent = self.sent.wrapping_add(1);
+        self.socket.send(request)?;
+        Ok(())
     }
 
     /// The one message answering request `seq`.
@@ -283,6 +357,45 @@ mod tests {
         let d = q.socket.recv(&mut q.buf).expect("receives").expect("blocking socket");
         let (header, payload) = wire::messages(&q.buf[..d.len]).next().expect("a message").expect("frames");
         assert_eq!(wire::decode(&header, payload), Ok(Message::Done { error: -libc::EINVAL }));
+    }
+
+    /// One nsid whichever request goes first: a new netns is assigned one
+    /// by the echoed assignment (this kernel echoes: no query follows), a
+    /// netns that has one is answered by the query or, guessed wrong, by
+    /// the assignment's refusal and a query. Each answer is the kernel's
+    /// nsid for that netns, as a plain query says after.
+    #[test]
+    fn nsid_or_assign_answers_the_same_nsid_whichever_it_tries_first() {
+        for (tag, first, then) in
+            [("ua", Guess::Unassigned, Guess::Assigned), ("au", Guess::Assigned, Guess::Unassigned)]
+        {
+            let ns = TestNetns::new(tag);
+            let fd = std::fs::File::open(ns.path()).expect("opens the netns");
+            let mut q = Querier::open().expect("a NETLINK_ROUTE socket");
+            assert_eq!(q.nsid_of(fd.as_raw_fd(), false).expect("asks"), None, "a new netns has no nsid");
+            // Each answer, and the requests it took: one when the guess
+            // is right.
+            let ask = |q: &mut Querier, guess| {
+                let before = q.sent;
+                let nsid = q.nsid_or_assign(fd.as_raw_fd(), guess).expect("asks");
+                (nsid, q.sent - before)
+            };
+            let (nsid, requests) = ask(&mut q, first);
+            let nsid = nsid.expect("an nsid");
+            assert_eq!(q.echo, Some(true), "5.4 and later echo an assignment");
+            assert_eq!(requests, if first == Guess::Unassigned { 1 } else { 2 }, "{tag}: a new netns");
+            assert_eq!(Querier::open().expect("a socket").nsid_of(fd.as_raw_fd(), false).expect("asks"), Some(nsid));
+            assert_eq!(ask(&mut q, Guess::Assigned), (Some(nsid), 1), "{tag}: asked");
+            assert_eq!(ask(&mut q, Guess::Unassigned), (Some(nsid), 2), "{tag}: refused, then asked");
+            assert_eq!(ask(&mut q, then).0, Some(nsid));
+            // Nothing left unread on the socket: the next answer is read
+            // in its turn.
+            let other = TestNetns::new(&format!("{tag}2"));
+            let other_fd = std::fs::File::open(other.path()).expect("opens the netns");
+            let other_nsid = q.nsid_or_assign(other_fd.as_raw_fd(), Guess::Unassigned).expect("asks").expect("an nsid");
+            assert_ne!(other_nsid, nsid);
+            assert_eq!(q.nsid_of(other_fd.as_raw_fd(), false).expect("asks"), Some(other_nsid));
+        }
     }
 
     /// Every message of this kernel's own dumps (links, addresses, routes,

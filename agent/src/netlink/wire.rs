@@ -13,8 +13,8 @@
 use std::net::IpAddr;
 
 use netlink_packet_core::{
-    DoneBuffer, Emitable, ErrorBuffer, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR,
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlaBuffer, NlasIterator, Parseable,
+    DoneBuffer, Emitable, ErrorBuffer, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_ECHO, NLM_F_REQUEST, NLMSG_DONE,
+    NLMSG_ERROR, NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NlaBuffer, NlasIterator, Parseable,
     ParseableParametrized,
 };
 use netlink_packet_route::{
@@ -474,6 +474,20 @@ pub fn assign_nsid(seq: u32, fd: i32) -> Vec<u8> {
     let mut message = NsidMessage::default();
     message.attributes = vec![NsidAttribute::Id(NSID_NOT_ASSIGNED), NsidAttribute::Fd(fd as u32)];
     request(0, seq, RouteNetlinkMessage::NewNsId(message))
+}
+
+/// [`assign_nsid`] with `NLM_F_ECHO`: the kernel answers a successful
+/// assignment with the `RTM_NEWNSID` it notifies, carrying the nsid, so no
+/// `RTM_GETNSID` needs to follow (since Linux 5.4, "netns: fix NLM_F_ECHO
+/// mechanism for RTM_NEWNSID", Oct 2019; before, nothing). `ack` also asks
+/// for the acknowledgement, sent after the echo: a kernel without the echo
+/// answers that alone rather than nothing.
+#[must_use]
+pub fn assign_nsid_echo(seq: u32, fd: i32, ack: bool) -> Vec<u8> {
+    let mut message = NsidMessage::default();
+    message.attributes = vec![NsidAttribute::Id(NSID_NOT_ASSIGNED), NsidAttribute::Fd(fd as u32)];
+    let flags = NLM_F_ECHO | if ack { NLM_F_ACK } else { 0 };
+    request(flags, seq, RouteNetlinkMessage::NewNsId(message))
 }
 
 /// `RTM_GETNSID`: the nsid of the netns behind `fd`; answered by a

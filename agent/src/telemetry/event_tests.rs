@@ -38,6 +38,7 @@ fn exec() -> CniExec {
         env_scanned: 30,
         uid: 0,
         scan_variant: EnvScanVariant::BpfLoop,
+        nested_in: None,
     }
 }
 
