@@ -317,8 +317,8 @@ mod tests {
             rx
         };
         drop(job);
-        let waited = waiter.recv_timeout(Duration::from_secs(5)).expect("the store change still waits");
-        assert!(waited.is_err(), "{waited:?}");
+        let outcome = waiter.recv_timeout(Duration::from_secs(5)).expect("the store change still waits");
+        assert!(outcome.is_err(), "{outcome:?}");
         assert!(matches!(Syncing(Ok(answer)).result(), Err(JournalError::SyncPanicked)));
     }
 
