@@ -23,6 +23,7 @@ use std::{
     collections::HashMap,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use serde::{Deserialize, Serialize};
@@ -204,26 +205,12 @@ impl Releaser {
             unsynced.sync()?;
             std::process::abort();
         }
-        // The store work on a thread of its own, the fsync here (see
-        // `durable`); in turn, when no thread can be made.
-        let durable = Durable::pending();
-        let beside = std::thread::scope(|scope| {
-            let acting = std::thread::Builder::new()
-                .name("netreap-release".into())
-                .spawn_scoped(scope, || self.act_on(&accepted, scan, &durable))
-                .ok()?;
-            let synced = durable.sync(&unsynced);
-            Some((acting.join(), synced))
-        });
-        let (results, synced) = match beside {
-            Some((Ok(results), synced)) => (results, synced),
-            Some((Err(panicked), _)) => std::panic::resume_unwind(panicked),
-            None => {
-                let synced = durable.sync(&unsynced);
-                (self.act_on(&accepted, scan, &durable), synced)
-            }
-        };
-        if let Err(e) = synced {
+        // The fsync on the syncer thread, the store work here (see
+        // `durable`): every store change waits for the fsync.
+        let durable = Arc::new(Durable::pending());
+        let syncing = durable::sync_beside(&durable, unsynced);
+        let results = self.act_on(&accepted, scan, &durable);
+        if let Err(e) = syncing.result() {
             // Nothing was changed (every store change waited for this).
             self.journal.forget_intents(&intents);
             return Err(e.into());
