@@ -737,17 +737,33 @@ proptest! {
 }
 
 /// Observations whose API pods may be Pending and named by CNI runs of
-/// the generated containers (what a container's pending-pod facts read).
+/// the generated containers (what a container's pending-pod facts read),
+/// with more runs and bindings than `observations` gives: several per container.
 fn observations_with_pending_pods() -> impl Strategy<Value = Observations> {
-    (observations(), prop::collection::vec((any::<bool>(), prop::collection::vec(a_cid(), 0..2)), 2)).prop_map(
-        |(mut obs, named)| {
+    (
+        observations(),
+        prop::collection::vec((any::<bool>(), prop::collection::vec(a_cid(), 0..2)), 2),
+        prop::collection::vec(an_op(), 0..6),
+        prop::collection::vec(a_binding(), 0..4),
+    )
+        .prop_map(|(mut obs, named, ops, bindings)| {
             for (pod, (pending, cids)) in obs.api_pods.iter_mut().flatten().zip(named) {
                 pod.pending = pending;
                 pod.cni_containers = cids;
             }
+            obs.cni_ops.extend(ops);
+            obs.bindings.extend(bindings);
             obs
-        },
-    )
+        })
+}
+
+/// A reservation made within the in-flight graces `a_policy` gives (where
+/// the watched runs decide).
+fn a_young_reservation() -> impl Strategy<Value = Reservation> {
+    (a_reservation(), NOW_SECS - 130..NOW_SECS + 5).prop_map(|(mut r, at)| {
+        r.created_at = t(at);
+        r
+    })
 }
 
 // What depends on a container alone is looked up once per container:
@@ -759,7 +775,7 @@ proptest! {
     #[test]
     fn judging_per_container_equals_judging_each_reservation_alone(
         obs in observations_with_pending_pods(),
-        rs in prop::collection::vec(a_reservation(), 1..8),
+        rs in prop::collection::vec(prop_oneof![a_reservation(), a_young_reservation()], 1..8),
         policy in a_policy(),
     ) {
         let all = decide(&obs, &rs, now(), &policy);
