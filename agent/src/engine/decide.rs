@@ -131,7 +131,8 @@ impl<'a> Container<'a> {
                 BindingLink::Live(live) => links.push(Link::Live(live, via())),
                 BindingLink::Dead(dead) => links.push(Link::Dead(dead, via())),
                 BindingLink::Unresolved => {
-                    let fact = Fact::UnresolvedBinding { netns: Arc::clone(&name), source: b.source, seen_at: b.seen_at };
+                    let fact =
+                        Fact::UnresolvedBinding { netns: Arc::clone(&name), source: b.source, seen_at: b.seen_at };
                     links.push(Link::Unresolved(fact, b.seen_at));
                 }
             }

@@ -196,4 +196,3 @@ fn cni_runs_watched(ix: &Index<'_>, r: &impl Claim) -> bool {
     let reserved_at = r.reserved_at();
     ix.ops_of_exactly(r.container_id()).any(|op| watched(op.started_at) && op.started_at <= reserved_at + WATCH_SLACK)
 }
-
