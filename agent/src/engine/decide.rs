@@ -70,43 +70,25 @@ pub fn decide<R: Claim + Clone + Send + Sync>(
     })
 }
 
-/// Verdicts for `reservations`, in order, on this thread.
+/// Verdicts for `reservations`, in order, on this thread. What depends on
+/// a reservation's container alone is looked up once per container: a pod
+/// attached to 10 networks has 10 reservations, and each lookup hashes and
+/// compares a 64-byte container ID.
 fn judge_all<R: Claim + Clone>(
     index: &Index<'_>,
     reservations: &[R],
     now: SystemTime,
     policy: &Policy,
 ) -> Vec<Verdict<R>> {
-    let mut shared = SharedEvidence::default();
+    let mut containers: HashMap<&str, Container<'_>, foldhash::fast::RandomState> = HashMap::default();
     reservations
         .iter()
         .map(|r| {
-            let (status, facts) = judge(index, r, now, policy);
-            Verdict::with_evidence(r, status, shared.evidence(r.container_id(), facts))
+            let c = containers.entry(r.container_id()).or_insert_with(|| Container::of(index, r.container_id()));
+            let (status, facts) = judge(index, c, r, now, policy);
+            Verdict::with_evidence(r, status, c.evidence(facts))
         })
         .collect()
-}
-
-/// One evidence list per distinct list of facts a container's reservations
-/// got: a pod attached to 10 networks has 10 reservations, almost always
-/// decided by the same facts (which name the netns, not the IP). Keeps the
-/// last list per container; equal facts share it.
-#[derive(Default)]
-struct SharedEvidence<'r> {
-    last: HashMap<&'r str, Arc<[Evidence]>, foldhash::fast::RandomState>,
-}
-
-impl<'r> SharedEvidence<'r> {
-    fn evidence(&mut self, container_id: &'r str, facts: Vec<Fact>) -> Arc<[Evidence]> {
-        if let Some(last) = self.last.get(container_id)
-            && last.iter().map(|e| &e.fact).eq(facts.iter())
-        {
-            return Arc::clone(last);
-        }
-        let evidence: Arc<[Evidence]> = facts.into_iter().map(Evidence::from).collect();
-        self.last.insert(container_id, Arc::clone(&evidence));
-        evidence
-    }
 }
 
 /// Where a container's netns stands, from one piece of evidence.
@@ -117,50 +99,115 @@ enum Link<'a> {
     Unresolved(Fact, SystemTime),
 }
 
-/// Every netns the reservation's container is known to be tied to.
-fn links<'a>(ix: &Index<'a>, r: &impl Claim) -> Vec<Link<'a>> {
-    let cid = r.container_id();
-    let mut out = Vec::new();
-    for (b, name, link) in ix.bindings_of_shared(cid) {
-        let via = || BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
-        match link {
-            BindingLink::Live(live) => out.push(Link::Live(live, via())),
-            BindingLink::Dead(dead) => out.push(Link::Dead(dead, via())),
-            BindingLink::Unresolved => {
-                let fact = Fact::UnresolvedBinding { netns: Arc::clone(&name), source: b.source, seen_at: b.seen_at };
-                out.push(Link::Unresolved(fact, b.seen_at));
+/// What judging needs of a container alone (never of a reservation's IP,
+/// time or network), found once per container a decision meets. Each
+/// field is exactly what the per-reservation lookup it replaces gave.
+struct Container<'a> {
+    /// Its bindings' netns, then the live netns the model binds it to.
+    links: Vec<Link<'a>>,
+    /// Positions of the dead netns bound to it, ascending.
+    dead: Vec<usize>,
+    /// Its CNI runs in flight (any that may concern it).
+    in_flight: Vec<Fact>,
+    /// The earliest start of a run of exactly this container that the
+    /// probes watched: some such run started by `t` iff this is <= `t`.
+    first_watched_run: Option<SystemTime>,
+    /// The runtime's reasons to keep.
+    runtime_keep: Vec<Fact>,
+    /// Pending pods a CNI run of it named.
+    pending_pods: Vec<Fact>,
+    /// The last evidence list one of its reservations got: equal facts
+    /// share it (they name the netns, not the IP, so mostly they are equal).
+    last_evidence: Option<Arc<[Evidence]>>,
+}
+
+impl<'a> Container<'a> {
+    fn of(ix: &Index<'a>, cid: &str) -> Self {
+        let obs = ix.obs;
+        let mut links = Vec::new();
+        for (b, name, link) in ix.bindings_of_shared(cid) {
+            let via = || BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
+            match link {
+                BindingLink::Live(live) => links.push(Link::Live(live, via())),
+                BindingLink::Dead(dead) => links.push(Link::Dead(dead, via())),
+                BindingLink::Unresolved => {
+                    let fact =
+                        Fact::UnresolvedBinding { netns: Arc::clone(&name), source: b.source, seen_at: b.seen_at };
+                    links.push(Link::Unresolved(fact, b.seen_at));
+                }
             }
         }
-    }
-    for live in ix.live_of_container(cid) {
-        out.push(Link::Live(live, BoundBy::Model));
-    }
-    for (dead, own) in ix.dead_of_container_or_ip(cid, r.ip()) {
-        if own {
-            out.push(Link::Dead(dead, BoundBy::Model));
-        } else if dead.died_at >= r.reserved_at() {
-            // Held this reservation's IP after it was made and belonged to
-            // no other known container: the reservation's netns.
-            out.push(Link::Dead(dead, BoundBy::Address));
+        for live in ix.live_of_container(cid) {
+            links.push(Link::Live(live, BoundBy::Model));
+        }
+        let in_flight = ix
+            .ops_concerning(cid)
+            .into_iter()
+            .filter(|op| op.in_flight())
+            .map(|op| Fact::CniOpInFlight {
+                container_id: op.container_id.as_deref().map(Box::from),
+                command: op.command.as_str().into(),
+                plugin: op.plugin.as_str().into(),
+                started_at: op.started_at,
+            })
+            .collect();
+        let watched = |t: SystemTime| {
+            obs.watching_since.is_some_and(|since| t >= since)
+                || obs.watched_before.iter().any(|(since, until)| t >= *since && t <= *until)
+        };
+        let pending_pods = obs
+            .api_pods
+            .iter()
+            .flatten()
+            .filter(|p| p.pending && p.cni_containers.iter().any(|c| c == cid))
+            .map(|pod| Fact::ApiPendingPodNamedByCniRun { namespace: pod.namespace.clone(), name: pod.name.clone() })
+            .collect();
+        Self {
+            links,
+            dead: ix.dead_positions_of_container(cid).collect(),
+            in_flight,
+            first_watched_run: ix.ops_of_exactly(cid).map(|op| op.started_at).filter(|&t| watched(t)).min(),
+            runtime_keep: super::runtime::keep_facts(ix, cid),
+            pending_pods,
+            last_evidence: None,
         }
     }
-    out
+
+    /// The evidence list for `facts`: the last one given when equal.
+    fn evidence(&mut self, facts: Vec<Fact>) -> Arc<[Evidence]> {
+        if let Some(last) = &self.last_evidence
+            && last.iter().map(|e| &e.fact).eq(facts.iter())
+        {
+            return Arc::clone(last);
+        }
+        let evidence: Arc<[Evidence]> = facts.into_iter().map(Evidence::from).collect();
+        self.last_evidence = Some(Arc::clone(&evidence));
+        evidence
+    }
 }
 
 /// Decides one reservation (builds the lookup tables: for a few; `decide`
 /// shares them across many).
 #[must_use]
 pub fn decide_one<R: Claim + Clone>(obs: &Observations, r: &R, now: SystemTime, policy: &Policy) -> Verdict<R> {
-    let (status, facts) = judge(&Index::new(obs), r, now, policy);
+    let ix = Index::new(obs);
+    let (status, facts) = judge(&ix, &Container::of(&ix, r.container_id()), r, now, policy);
     Verdict::new(r, status, facts)
 }
 
 /// The status of one reservation and the facts that decided it.
-fn judge(ix: &Index<'_>, r: &impl Claim, now: SystemTime, policy: &Policy) -> (Status, Vec<Fact>) {
+fn judge<'a>(
+    ix: &Index<'a>,
+    c: &Container<'a>,
+    r: &impl Claim,
+    now: SystemTime,
+    policy: &Policy,
+) -> (Status, Vec<Fact>) {
     let obs = ix.obs;
     // A file stamped in the future (clock step) counts as brand new.
     let age = now.duration_since(r.reserved_at()).unwrap_or(Duration::ZERO);
     let cid = r.container_id();
+    let reserved_at = r.reserved_at();
 
     // Reasons that show the owner alive: any one keeps the reservation.
     let mut in_use = Vec::new();
@@ -178,42 +225,51 @@ fn judge(ix: &Index<'_>, r: &impl Claim, now: SystemTime, policy: &Policy) -> (S
         }
     }
 
-    let links = links(ix, r);
     let mut dead = Vec::new();
     let mut unresolved = Vec::new();
-    for link in links {
+    let file_death = |d: &DeadNetns, via: BoundBy, dead: &mut Vec<Fact>, unresolved: &mut Vec<(Fact, SystemTime)>| {
+        // A netns that died before this reservation was made cannot be
+        // where its IP went: the container has a later netns, unknown.
+        if d.died_at + CLOCK_SLACK < reserved_at {
+            let fact = Fact::BoundNetnsDiedBeforeReservation { netns: d.id, died_at: d.died_at, via };
+            unresolved.push((fact, reserved_at));
+        } else {
+            dead.push(Fact::BoundNetnsDied { netns: d.id, died_at: d.died_at, via });
+        }
+    };
+    // The container's links, then the dead netns of it or that held this
+    // IP (in observation order): one list once, taken in its order.
+    for link in &c.links {
         match link {
-            Link::Live(n, via) => in_use.push(Fact::BoundToLiveNetns { netns: n.id, via }),
-            // A netns that died before this reservation was made cannot be
-            // where its IP went: the container has a later netns, unknown.
-            Link::Dead(d, via) if d.died_at + CLOCK_SLACK < r.reserved_at() => {
-                unresolved.push((
-                    Fact::BoundNetnsDiedBeforeReservation { netns: d.id, died_at: d.died_at, via },
-                    r.reserved_at(),
-                ));
-            }
-            Link::Dead(d, via) => dead.push(Fact::BoundNetnsDied { netns: d.id, died_at: d.died_at, via }),
-            Link::Unresolved(fact, seen_at) => unresolved.push((fact, seen_at)),
+            Link::Live(n, via) => in_use.push(Fact::BoundToLiveNetns { netns: n.id, via: via.clone() }),
+            Link::Dead(d, via) => file_death(d, via.clone(), &mut dead, &mut unresolved),
+            Link::Unresolved(fact, seen_at) => unresolved.push((fact.clone(), *seen_at)),
+        }
+    }
+    for (d, own) in ix.dead_at_or_holding(&c.dead, r.ip()) {
+        if own {
+            file_death(d, BoundBy::Model, &mut dead, &mut unresolved);
+        } else if d.died_at >= reserved_at {
+            // Held this reservation's IP after it was made and belonged to
+            // no other known container: the reservation's netns.
+            file_death(d, BoundBy::Address, &mut dead, &mut unresolved);
         }
     }
 
-    for op in ix.ops_concerning(cid).into_iter().filter(|op| op.in_flight()) {
-        pending.push(Fact::CniOpInFlight {
-            container_id: op.container_id.as_deref().map(Box::from),
-            command: op.command.as_str().into(),
-            plugin: op.plugin.as_str().into(),
-            started_at: op.started_at,
-        });
-    }
-    in_use.extend(super::runtime::keep_facts(ix, cid));
+    pending.extend(c.in_flight.iter().cloned());
+    in_use.extend(c.runtime_keep.iter().cloned());
     for pod in ix.pods_with(r.ip()) {
         in_use.push(Fact::ApiPodHasIp { namespace: pod.namespace.clone(), name: pod.name.clone() });
     }
-    let pending_pods = obs.api_pods.iter().flatten().filter(|p| p.pending && p.cni_containers.iter().any(|c| c == cid));
-    for pod in pending_pods {
-        in_use.push(Fact::ApiPendingPodNamedByCniRun { namespace: pod.namespace.clone(), name: pod.name.clone() });
-    }
-    if age < policy.in_flight_grace && !cni_runs_watched(ix, r) {
+    in_use.extend(c.pending_pods.iter().cloned());
+    // The youth grace stands in for CNI runs the agent may have missed. It
+    // is not needed when the probes, watching without a gap (in this run
+    // or an earlier one), saw the run that made the file: a CNI run of this
+    // very container that started after watching began and before the
+    // file was written (its exec record precedes the IPAM write). Then
+    // whether that ADD is in flight is known, not guessed.
+    let runs_watched = c.first_watched_run.is_some_and(|t| t <= reserved_at + WATCH_SLACK);
+    if age < policy.in_flight_grace && !runs_watched {
         pending.push(Fact::Young { age, grace: policy.in_flight_grace });
     }
 
@@ -277,22 +333,8 @@ fn judge(ix: &Index<'_>, r: &impl Claim, now: SystemTime, policy: &Policy) -> (S
     (Status::Orphaned, facts)
 }
 
-/// The youth grace stands in for CNI runs the agent may have missed. It is
-/// not needed when the probes, watching without a gap (in this run or an
-/// earlier one), saw the run that made the file: a CNI run of this very container that started after watching
-/// began and before the file was written (its exec record precedes the IPAM
-/// write). Then whether that ADD is in flight is known, not guessed.
-fn cni_runs_watched(ix: &Index<'_>, r: &impl Claim) -> bool {
-    let watched = |t: SystemTime| {
-        ix.obs.watching_since.is_some_and(|since| t >= since)
-            || ix.obs.watched_before.iter().any(|(since, until)| t >= *since && t <= *until)
-    };
-    let reserved_at = r.reserved_at();
-    ix.ops_of_exactly(r.container_id()).any(|op| watched(op.started_at) && op.started_at <= reserved_at + WATCH_SLACK)
-}
-
 /// Why the owner counts as dead: the deaths seen, or the grace that passed.
-fn death_facts(
+pub(super) fn death_facts(
     died: bool,
     dead: Vec<Fact>,
     unresolved: Vec<(Fact, SystemTime)>,

@@ -341,15 +341,27 @@ impl<'a> Index<'a> {
     /// in observation order; the flag says which (true: the container's).
     #[must_use]
     pub fn dead_of_container_or_ip(&self, cid: &str, ip: IpAddr) -> Vec<(&'a DeadNetns, bool)> {
+        let own: Vec<usize> = self.dead_positions_of_container(cid).collect();
+        self.dead_at_or_holding(&own, ip)
+    }
+
+    /// Positions of the dead netns bound to `cid`, ascending.
+    pub fn dead_positions_of_container(&self, cid: &str) -> impl Iterator<Item = usize> + '_ {
+        at(&self.dead_by_container, cid)
+    }
+
+    /// The dead netns at `own` (ascending positions, a container's), and
+    /// unowned dead netns that held `ip`, in observation order; the flag
+    /// says which (true: at `own`).
+    #[must_use]
+    pub fn dead_at_or_holding(&self, own: &[usize], ip: IpAddr) -> Vec<(&'a DeadNetns, bool)> {
         // One list alone is in order already (`push` files ascending
         // positions once): no merge, no second vector.
         if !self.unowned_dead_by_ip.contains_key(&ip) {
-            return at(&self.dead_by_container, cid).map(|i| (&self.obs.dead[i], true)).collect();
+            return own.iter().map(|&i| (&self.obs.dead[i], true)).collect();
         }
-        let mut idx: Vec<(usize, bool)> = at(&self.dead_by_container, cid)
-            .map(|i| (i, true))
-            .chain(at(&self.unowned_dead_by_ip, &ip).map(|i| (i, false)))
-            .collect();
+        let mut idx: Vec<(usize, bool)> =
+            own.iter().map(|&i| (i, true)).chain(at(&self.unowned_dead_by_ip, &ip).map(|i| (i, false))).collect();
         idx.sort_unstable();
         idx.dedup_by_key(|(i, _)| *i);
         idx.into_iter().map(|(i, own)| (&self.obs.dead[i], own)).collect()

@@ -735,3 +735,54 @@ proptest! {
         }
     }
 }
+
+/// Observations whose API pods may be Pending and named by CNI runs of
+/// the generated containers (what a container's pending-pod facts read),
+/// with more runs and bindings than `observations` gives: several per container.
+fn observations_with_pending_pods() -> impl Strategy<Value = Observations> {
+    (
+        observations(),
+        prop::collection::vec((any::<bool>(), prop::collection::vec(a_cid(), 0..2)), 2),
+        prop::collection::vec(an_op(), 0..6),
+        prop::collection::vec(a_binding(), 0..4),
+    )
+        .prop_map(|(mut obs, named, ops, bindings)| {
+            for (pod, (pending, cids)) in obs.api_pods.iter_mut().flatten().zip(named) {
+                pod.pending = pending;
+                pod.cni_containers = cids;
+            }
+            obs.cni_ops.extend(ops);
+            obs.bindings.extend(bindings);
+            obs
+        })
+}
+
+/// A reservation made within the in-flight graces `a_policy` gives (where
+/// the watched runs decide).
+fn a_young_reservation() -> impl Strategy<Value = Reservation> {
+    (a_reservation(), NOW_SECS - 130..NOW_SECS + 5).prop_map(|(mut r, at)| {
+        r.created_at = t(at);
+        r
+    })
+}
+
+// What depends on a container alone is looked up once per container:
+// every verdict, its evidence in order included, must be what judging
+// each reservation with all its own lookups gave (`reference`).
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    #[test]
+    fn judging_per_container_equals_judging_each_reservation_alone(
+        obs in observations_with_pending_pods(),
+        rs in prop::collection::vec(prop_oneof![a_reservation(), a_young_reservation()], 1..8),
+        policy in a_policy(),
+    ) {
+        let all = decide(&obs, &rs, now(), &policy);
+        for (r, v) in rs.iter().zip(&all) {
+            let expected = super::reference::decide_one(&obs, r, now(), &policy);
+            prop_assert_eq!(v, &expected);
+            prop_assert_eq!(&decide_one(&obs, r, now(), &policy), &expected);
+        }
+    }
+}
