@@ -369,11 +369,12 @@ fn a_resting_model_reads_what_is_queued_for_a_snapshot_and_hears_a_death_at_once
     });
 }
 
-/// The mount table is polled once per turn of the model, not watched.
-/// Here the socket's rest is an hour, so turns come only from snapshots
-/// and the one-second housekeeping tick: a netns bind-mounted while the
-/// socket rests is found (its mount scan and that scan's report, which
-/// wakes no one while the socket rests, both ride on those turns).
+/// The mount table is polled once per turn of the model, not watched
+/// (nor on a snapshot's turns: decisions wait on those). Here the
+/// socket's rest is an hour, so turns come only from snapshots and the
+/// one-second housekeeping tick: a netns bind-mounted while the socket
+/// rests is found (its mount scan rides on a tick, that scan's report,
+/// which wakes no one while the socket rests, on the next turn).
 #[test]
 fn a_resting_model_finds_a_new_bind_mount_on_its_turns() {
     if !possible() {

@@ -530,9 +530,10 @@ struct Driver {
 }
 
 /// The mount table's change signal (`POLLPRI` on mountinfo), polled once
-/// per turn of the model instead of watched: the model's one-second
-/// housekeeping tick makes a turn at least that often, and a pod's CNI
-/// runs, netlink notices, deaths and snapshots make them far oftener.
+/// per turn of the model instead of watched (but for the turns of a
+/// death and of snapshots, which decisions wait on): the model's
+/// one-second housekeeping tick makes a turn at least that often, and a
+/// pod's CNI runs and netlink notices make them far oftener.
 /// Watched, `ip netns add` and `del` each woke the agent, and then a
 /// debounce timer did. A bind mount found up to a second later is no risk:
 /// absence is never death, the probes and netlink find most netns first,
@@ -618,7 +619,11 @@ impl Driver {
                 _ = housekeeping.tick() => self.model.tick(SystemTime::now()),
             }
             self.take_reports()?;
-            match self.mounts.changed() {
+            // Not on a death's turns (the bell, the pass's snapshot): the
+            // scan a change asks for would take a core from the release.
+            // The next turn looks (the housekeeping tick at the latest).
+            let decides = matches!(turn, Some((Cause::Bell | Cause::Snapshot, _) | (_, Read { death: true, .. })));
+            match if decides { Ok(false) } else { self.mounts.changed() } {
                 Ok(true) => {
                     // Counted before the scan is asked for, so the
                     // discovery thread's read sees it.
