@@ -165,6 +165,15 @@ fn verdict_for(data_dir: &Path, obs: &Observations, ip: IpAddr) -> Verdict {
     verdicts(data_dir, obs).into_iter().find(|v| v.reservation.ip == ip).unwrap()
 }
 
+/// A real host-local reservation for `cid`, whose netns is then seen to
+/// die: its IP and its verdict (orphaned).
+fn orphan(data_dir: &Path, network: &str, subnet: &str, cid: &str, netns: &Netns) -> (IpAddr, Verdict) {
+    let ip = add(data_dir, network, subnet, cid, netns);
+    let v = verdict_for(data_dir, &died(&[cid]), ip);
+    assert_eq!(v.status, Status::Orphaned, "{v:?}");
+    (ip, v)
+}
+
 fn releaser(state: &Path, data_dirs: &[&Path], cache: Option<&Path>, dry_run: bool) -> Releaser {
     let config = ReleaserConfig {
         dry_run,
@@ -297,9 +306,7 @@ fn release_waits_for_the_plugins_lock() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("networks");
     let netns = Netns::new();
-    let ip = add(&data, "nrrlock", "10.231.8.0/29", "c1", &netns);
-    let v = verdict_for(&data, &died(&["c1"]), ip);
-    assert_eq!(v.status, Status::Orphaned);
+    let (_, v) = orphan(&data, "nrrlock", "10.231.8.0/29", "c1", &netns);
 
     // Another process holds the plugin's lock, as a running ADD would.
     let ready = tmp.path().join("ready");
@@ -333,9 +340,7 @@ fn an_owner_change_between_decision_and_release_is_never_released() {
     let data = tmp.path().join("networks");
     let state = tmp.path().join("state");
     let netns = Netns::new();
-    let ip = add(&data, "nrrown", "10.231.9.0/29", "old", &netns);
-    let v = verdict_for(&data, &died(&["old"]), ip);
-    assert_eq!(v.status, Status::Orphaned);
+    let (_, v) = orphan(&data, "nrrown", "10.231.9.0/29", "old", &netns);
 
     // The plugin released it (DEL) and gave it to someone else.
     host_local("DEL", &data, "nrrown", "10.231.9.0/29", "old", "eth0", &netns.path()).unwrap();
@@ -583,8 +588,7 @@ fn journal_survives_a_crash_between_intent_and_unlink() {
     assert!(v[2].reservation.path.exists());
 
     // Crash after the unlink (before the outcome): the restart finds it gone.
-    let ip = add(&data, "nrrcrash", "10.231.11.0/29", "d", &netns);
-    let vd = verdict_for(&data, &died(&["d"]), ip);
+    let (_, vd) = orphan(&data, "nrrcrash", "10.231.11.0/29", "d", &netns);
     let state = tmp.path().join("state3");
     crash_between_intent_and_unlink(&state, &data, &vd);
     fs::remove_file(&vd.reservation.path).unwrap();
@@ -813,9 +817,7 @@ fn the_last_look_keeps_an_ip_configured_in_a_netns_now() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("networks");
     let netns = Netns::new();
-    let ip = add(&data, "nrrlook", "10.231.11.0/29", "c1", &netns);
-    let v = verdict_for(&data, &died(&["c1"]), ip);
-    assert_eq!(v.status, Status::Orphaned);
+    let (ip, v) = orphan(&data, "nrrlook", "10.231.11.0/29", "c1", &netns);
     // The IP lives in a netns (here: the container's own, the model missed it).
     let peer = unique("nrrv");
     let run = |args: &[&str]| assert!(Command::new("ip").args(args).status().unwrap().success(), "ip {args:?}");
@@ -842,8 +844,7 @@ fn the_last_look_keeps_a_reservation_whose_cni_run_is_in_flight() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("networks");
     let netns = Netns::new();
-    let ip = add(&data, "nrrlook2", "10.231.12.0/29", "c2", &netns);
-    let v = verdict_for(&data, &died(&["c2"]), ip);
+    let (_, v) = orphan(&data, "nrrlook2", "10.231.12.0/29", "c2", &netns);
     let bin = tmp.path().join("cni-bin");
     fs::create_dir_all(&bin).unwrap();
     // The "plugin" is a copy of this test binary running the sleeper below
