@@ -197,6 +197,21 @@ fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, Str
     support::agent::http_get_with(addr, path, &[("User-Agent", "kube-probe/1.33")], timeout)
 }
 
+/// The agent's `/state`, asked on its local address.
+fn local_state(local: SocketAddr) -> Option<Value> {
+    http_get(local, "/state", Duration::from_secs(5)).and_then(|(_, b)| serde_json::from_str(&b).ok())
+}
+
+/// How `/state` judged a container's reservation: its status and summary.
+fn verdict_in(state: &Value, container_id: &str) -> String {
+    state["verdicts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["reservation"]["container_id"] == container_id)
+        .map_or_else(|| "no verdict".into(), |v| format!("{} ({})", v["status"], v["summary"]))
+}
+
 /// The node's address: where kubelet probes a hostNetwork pod.
 fn node_ip() -> std::net::Ipv4Addr {
     let out = Command::new("ip").args(["-4", "-o", "route", "get", "1.1.1.1"]).output().expect("ip route get");
@@ -372,17 +387,8 @@ fn the_daemonset_pod_spec_runs_the_agent_in_a_container() {
     // Live pods stay, across resyncs (the ConfigMap's interval) and the
     // death above; /state says how the agent judged the hidden one.
     std::thread::sleep(Duration::from_secs(35));
-    let state: Value = http_get(local, "/state", Duration::from_secs(5))
-        .and_then(|(_, b)| serde_json::from_str(&b).ok())
-        .expect("/state");
-    let verdict_of = |id: &str| {
-        state["verdicts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|v| v["reservation"]["container_id"] == id)
-            .map_or_else(|| "no verdict".into(), |v| format!("{} ({})", v["status"], v["summary"]))
-    };
+    let state = local_state(local).expect("/state");
+    let verdict_of = |id: &str| verdict_in(&state, id);
     eprintln!("live pod: {}", verdict_of(&live));
     eprintln!("pod in a netns mounted only at {}: {}", hidden_path.display(), verdict_of(&hidden));
     assert!(reserved(&live), "the live pod's reservation was kept");
@@ -412,17 +418,8 @@ fn the_daemonset_pod_spec_runs_the_agent_in_a_container() {
     assert!(start.status.success(), "podman start: {}", String::from_utf8_lossy(&start.stderr));
     let ready = wait_until(ready_within, || probe(&readiness).is_some_and(|(s, _)| s == 200));
     assert!(ready.is_some(), "not ready again after a restart; logs:\n{}", scene.logs());
-    let state: Value = http_get(local, "/state", Duration::from_secs(5))
-        .and_then(|(_, b)| serde_json::from_str(&b).ok())
-        .expect("/state after the restart");
-    let status_of = |id: &str| {
-        state["verdicts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|v| v["reservation"]["container_id"] == id)
-            .map_or_else(|| "no verdict".into(), |v| format!("{} ({})", v["status"], v["summary"]))
-    };
+    let state = local_state(local).expect("/state after the restart");
+    let status_of = |id: &str| verdict_in(&state, id);
     eprintln!("after a restart, pod in the hidden netns: {}", status_of(&hidden));
     assert!(status_of(&live).starts_with("\"in_use\""), "live pod after a restart: {}", status_of(&live));
     assert!(status_of(&hidden).starts_with("\"in_use\""), "hidden-netns pod after a restart: {}", status_of(&hidden));
