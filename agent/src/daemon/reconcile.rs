@@ -471,8 +471,12 @@ impl Agent {
             })
             .collect();
         let done = self.release_done.clone();
+        // The intents are written here and their fsync starts at once: it
+        // does not wait for the blocking pool's thread to be woken and given
+        // a core (a journal that cannot be written fails the batch there).
+        let begun = releaser.begin_orphaned(batch);
         tokio::task::spawn_blocking(move || {
-            let result = releaser.release_orphaned(&batch);
+            let result = begun.and_then(|begun| releaser.finish_orphaned(begun));
             // The receiver lives as long as the event loop; if it is gone
             // the agent is stopping and the journal already holds the truth.
             let _ = done.blocking_send(ReleaseDone { releaser, admitted, pods, result });
