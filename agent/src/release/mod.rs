@@ -498,3 +498,54 @@ fn log_outcome(r: &Reservation, outcome: &Outcome, dry_run: bool) {
         "release: {outcome}"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::ipam::{ReservationStore, hostlocal::HostLocalStore};
+
+    /// A releaser of `data` (no last look) and one orphaned verdict of a
+    /// reservation the plugin's way on disk.
+    fn releaser_and_orphan(state: &Path, data: &Path, ip: &str) -> (Releaser, Verdict) {
+        fs::create_dir_all(data.join("nrbegin")).unwrap();
+        fs::write(data.join("nrbegin").join(ip), "cid-begin\r\neth0").unwrap();
+        let scan = HostLocalStore::new(data).scan();
+        let r = scan.reservations.into_iter().find(|r| r.ip.to_string() == ip).unwrap();
+        let config = ReleaserConfig { host_local_dirs: vec![data.to_owned()], ..ReleaserConfig::default() };
+        let mut releaser = Releaser::open(state, config).unwrap();
+        releaser.set_last_look(Box::new(lastlook::NoLook));
+        (releaser, Verdict::new(&r, Status::Orphaned, Vec::new()))
+    }
+
+    #[test]
+    fn a_begun_batch_is_journaled_and_touches_no_store_until_it_is_finished() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.2");
+        let path = orphan.reservation.path.clone();
+        let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+        assert_eq!(releaser.journal().pending().len(), 1, "no intent written when the batch began");
+        assert!(path.exists(), "a store changed before the batch was finished");
+        let records = releaser.finish_orphaned(begun).unwrap();
+        let [record] = records.as_slice() else { panic!("one record: {records:?}") };
+        assert!(record.outcome.released(), "{}", record.outcome);
+        assert!(!path.exists());
+        assert!(releaser.journal().pending().is_empty(), "the outcome was not recorded");
+    }
+
+    #[test]
+    fn a_begun_batch_never_finished_leaves_its_intent_for_recovery() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.3");
+        let path = orphan.reservation.path.clone();
+        let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+        drop(begun);
+        drop(releaser);
+        assert!(path.exists(), "a batch never finished changed a store");
+        let again = Journal::open(&state).unwrap();
+        assert_eq!(again.pending().len(), 1, "the next start does not see the intent to recover");
+    }
+}
