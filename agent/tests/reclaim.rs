@@ -99,8 +99,8 @@ fn netns_deleted_without_del_is_released() {
     };
     let died = position("netns_died", &|e| e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == cid)));
     let orphaned = position("verdict_changed", &|e| e["container_id"] == cid && e["to"] == "orphaned");
-    let released = position("release", &|e| e["container_id"] == cid);
-    assert!(died < released && orphaned < released, "out of order: {events:#?}");
+    let release = position("release", &|e| e["container_id"] == cid);
+    assert!(died < release && orphaned < release, "out of order: {events:#?}");
 }
 
 /// (b) containerd #12130: a chained plugin fails ADD and DEL; the runtime
