@@ -91,9 +91,11 @@ enum Judged {
 
 /// What a death pass tells the world (its deaths, the verdicts that
 /// changed, the model it saw), held back while the release it handed off
-/// runs: written at once, those lines and their JSON took the event loop's
-/// core from the release thread and the intents' fsync on a 2-core node,
-/// and their appends could join that fsync's journal commit.
+/// runs: written at once, those lines and their JSON kept the event loop
+/// on its core while the release thread and the intents' fsync waited for
+/// one (2-core node). Published at the next turn of the event loop (the
+/// batch's report, or anything else first; the one-second tick at the
+/// latest), before whatever that turn publishes.
 pub(super) struct Deferred {
     /// Each death with the containers bound to it.
     deaths: Vec<(NetnsDeath, Vec<String>)>,
