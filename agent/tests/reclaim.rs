@@ -90,6 +90,17 @@ fn netns_deleted_without_del_is_released() {
     let journal = std::fs::read_to_string(lab.state_dir.join("journal.jsonl")).unwrap_or_default();
     assert!(journal.contains(&pod.container_id), "release journaled:\n{journal}");
     assert!(agent.metrics().contains("netreap_releases_total"), "release counted");
+    // The death path publishes its pass once the release has reported:
+    // the death and the verdict's change are there, before the release.
+    let events = agent.events();
+    let cid = pod.container_id.as_str();
+    let position = |what: &str, of: &dyn Fn(&serde_json::Value) -> bool| {
+        events.iter().position(|e| e["event"] == what && of(e)).unwrap_or_else(|| panic!("no {what}: {events:#?}"))
+    };
+    let died = position("netns_died", &|e| e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == cid)));
+    let orphaned = position("verdict_changed", &|e| e["container_id"] == cid && e["to"] == "orphaned");
+    let release = position("release", &|e| e["container_id"] == cid);
+    assert!(died < release && orphaned < release, "out of order: {events:#?}");
 }
 
 /// (b) containerd #12130: a chained plugin fails ADD and DEL; the runtime

@@ -24,6 +24,8 @@ struct EndedRun {
 impl Agent {
     /// Ingests a batch; CNI runs that finished in it go to the triggers.
     pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
+        // A death pass's lines come before anything learned after it.
+        self.publish_deferred()?;
         let mut netns_records = Vec::new();
         let mut ledger_changed = false;
         for record in batch {
@@ -65,6 +67,9 @@ impl Agent {
     /// exit): every decision, and every tick, first sees every record the
     /// kernel wrote before it.
     pub(super) async fn catch_up(&mut self, kernel: &mut KernelStream) -> anyhow::Result<()> {
+        // Every turn of the event loop but a kernel batch's starts here: a
+        // death pass held back for its release is published first.
+        self.publish_deferred()?;
         let batch = kernel.pending();
         if batch.is_empty() {
             return Ok(());

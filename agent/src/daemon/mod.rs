@@ -77,6 +77,8 @@ struct Agent {
     release_done: tokio::sync::mpsc::Sender<ReleaseDone>,
     /// Orphans were found while a batch ran: reconcile again when it ends.
     release_waiting: bool,
+    /// A death pass's publishing, waiting for its release batch.
+    deferred: Option<reconcile::Deferred>,
     /// The probes have recorded every CNI run since then (reset by a loss).
     watching_since: SystemTime,
     /// The last verdict of each reservation, by its file.
@@ -165,6 +167,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         gate: RetryGate::new(),
         release_done,
         release_waiting: false,
+        deferred: None,
         watching_since,
         verdicts: HashMap::new(),
         cache_first_seen: evidence::FirstSeen::default(),
@@ -270,7 +273,7 @@ impl Agent {
                         }
                         self.reconcile(Reason::NetnsDied).await?;
                     } else {
-                        self.reconcile_deaths(&died).await?;
+                        self.reconcile_deaths(died).await?;
                     }
                 }
                 Some(()) = runtime_events.recv() => {

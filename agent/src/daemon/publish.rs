@@ -198,7 +198,7 @@ impl Agent {
     /// reconcile that follows it.
     pub(super) fn publish_targeted(
         &mut self,
-        started: std::time::Instant,
+        took: std::time::Duration,
         verdicts: &[Verdict],
         changed: &[Change],
     ) -> anyhow::Result<()> {
@@ -207,7 +207,7 @@ impl Agent {
             reason = "netns_died",
             targeted = true,
             reservations = verdicts.len(),
-            took_us = started.elapsed().as_micros() as u64,
+            took_us = took.as_micros() as u64,
             "reconciled"
         );
         Ok(())

@@ -89,6 +89,23 @@ enum Judged {
     These,
 }
 
+/// What a death pass tells the world (its deaths, the verdicts that
+/// changed, the model it saw), held back while the release it handed off
+/// runs: written at once, those lines and their JSON kept the event loop
+/// on its core while the release thread and the intents' fsync waited for
+/// one (2-core node). Published at the next turn of the event loop (the
+/// batch's report, or anything else first; the one-second tick at the
+/// latest), before whatever that turn publishes.
+pub(super) struct Deferred {
+    /// Each death with the containers bound to it.
+    deaths: Vec<(NetnsDeath, Vec<String>)>,
+    /// How long the pass took, up to the hand-off.
+    took: std::time::Duration,
+    verdicts: Vec<Verdict>,
+    changed: Vec<Change>,
+    observed: Observed,
+}
+
 /// A release batch that ran on the blocking pool, with the releaser back.
 pub(super) struct ReleaseDone {
     releaser: Releaser,
@@ -128,9 +145,10 @@ impl Agent {
     /// have missed a reservation of a concerned container (a CNI run of it
     /// since: every pod's own ADD, under churn), the stores are scanned
     /// again first, as a full pass would scan them.
-    /// `deaths`: each with the containers bound to it, published once the
-    /// release is on its way.
-    pub(super) async fn reconcile_deaths(&mut self, deaths: &[(NetnsDeath, Vec<String>)]) -> anyhow::Result<()> {
+    /// `deaths`: each with the containers bound to it. When the pass
+    /// hands a release batch off, what it tells the world waits for that
+    /// batch ([`Deferred`]).
+    pub(super) async fn reconcile_deaths(&mut self, deaths: Vec<(NetnsDeath, Vec<String>)>) -> anyhow::Result<()> {
         let started = Instant::now();
         let sources = self.gather().await?;
         let keys: Vec<DeathKey> = deaths.iter().map(|(d, _)| DeathKey::from(d)).collect();
@@ -188,15 +206,37 @@ impl Agent {
         let now = SystemTime::now();
         let verdicts = decide(&obs, &reservations, now, &self.policy);
         let changed = self.changes_among(&verdicts, &obs);
-        self.start_release(&verdicts, &obs, &sources.snapshot, Judged::These);
-        for (death, containers) in deaths {
-            self.publish_death(death, containers)?;
-        }
+        let handed_off = self.start_release(&verdicts, &obs, &sources.snapshot, Judged::These);
         self.triggers.targeted(triggers::Waiting::of(&verdicts));
-        self.publish_targeted(started, &verdicts, &changed)?;
         let runtime = obs.runtime.clone();
         let Sources { snapshot, source_changed, .. } = sources;
-        self.publish_observed(Observed { snapshot, runtime, source_changed, stuck: None })
+        let observed = Observed { snapshot, runtime, source_changed, stuck: None };
+        let pass = Deferred { deaths, took: started.elapsed(), verdicts, changed, observed };
+        if handed_off {
+            self.deferred = Some(pass);
+            Ok(())
+        } else {
+            self.publish_pass(pass)
+        }
+    }
+
+    /// Publishes a death pass held back while its release ran: before
+    /// anything else is published (the order of the lines is kept), and at
+    /// the latest when the batch reports.
+    pub(super) fn publish_deferred(&mut self) -> anyhow::Result<()> {
+        match self.deferred.take() {
+            Some(pass) => self.publish_pass(pass),
+            None => Ok(()),
+        }
+    }
+
+    fn publish_pass(&mut self, pass: Deferred) -> anyhow::Result<()> {
+        let Deferred { deaths, took, verdicts, changed, observed } = pass;
+        for (death, containers) in &deaths {
+            self.publish_death(death, containers)?;
+        }
+        self.publish_targeted(took, &verdicts, &changed)?;
+        self.publish_observed(observed)
     }
 
     async fn reconcile_quietly(
@@ -388,21 +428,28 @@ impl Agent {
     /// Hands the orphans the retry gate admits to a release batch on the
     /// blocking pool (flock waits and fsyncs stay off the event thread); its
     /// records come back through `release_done`. One batch at a time: while
-    /// one runs, orphans wait for the reconcile that follows it.
-    fn start_release(&mut self, verdicts: &[Verdict], obs: &Observations, model: &ModelSnapshot, judged: Judged) {
+    /// one runs, orphans wait for the reconcile that follows it. Returns
+    /// whether a batch was handed off.
+    fn start_release(
+        &mut self,
+        verdicts: &[Verdict],
+        obs: &Observations,
+        model: &ModelSnapshot,
+        judged: Judged,
+    ) -> bool {
         if self.releaser.is_none() {
             self.release_waiting |= verdicts.iter().any(Verdict::is_orphaned);
-            return;
+            return false;
         }
         let admitted = match judged {
             Judged::All => self.gate.admit(verdicts, std::time::Instant::now()),
             Judged::These => self.gate.admit_judged(verdicts, std::time::Instant::now()),
         };
         if admitted.is_empty() {
-            return;
+            return false;
         }
         self.arm_last_look(model);
-        let Some(mut releaser) = self.releaser.take() else { return };
+        let Some(mut releaser) = self.releaser.take() else { return false };
         // The runtime's names of the pods, for the release events.
         let pods: HashMap<String, PodRef> = admitted
             .iter()
@@ -426,17 +473,23 @@ impl Agent {
             })
             .collect();
         let done = self.release_done.clone();
+        // The intents are written here and their fsync starts at once: it
+        // does not wait for the blocking pool's thread to be woken and given
+        // a core (a journal that cannot be written fails the batch there).
+        let begun = releaser.begin_orphaned(batch);
         tokio::task::spawn_blocking(move || {
-            let result = releaser.release_orphaned(&batch);
+            let result = begun.and_then(|begun| releaser.finish_orphaned(begun));
             // The receiver lives as long as the event loop; if it is gone
             // the agent is stopping and the journal already holds the truth.
             let _ = done.blocking_send(ReleaseDone { releaser, admitted, pods, result });
         });
+        true
     }
 
     /// Takes a finished batch back: reports its records, updates the retry
     /// gate. Returns whether orphans waited for it (reconcile again).
     pub(super) fn on_release_done(&mut self, done: ReleaseDone) -> anyhow::Result<bool> {
+        self.publish_deferred()?;
         let ReleaseDone { releaser, admitted, pods, result } = done;
         self.releaser = Some(releaser);
         let records = match result {
@@ -460,6 +513,7 @@ impl Agent {
         &mut self,
         results: &mut tokio::sync::mpsc::Receiver<ReleaseDone>,
     ) -> anyhow::Result<()> {
+        self.publish_deferred()?;
         if self.releaser.is_none()
             && let Some(done) = results.recv().await
         {

@@ -142,7 +142,9 @@ impl Releaser {
                 reverified: None,
             });
         }
-        let mut records = self.release_batch(&[verdict], None)?;
+        let verdicts = std::slice::from_ref(verdict);
+        let started = self.begin(verdicts, &[0])?;
+        let mut records = self.finish(started, verdicts)?;
         Ok(records.pop().unwrap_or_else(|| ReleaseRecord {
             intent_id: None,
             dry_run: self.config.dry_run,
@@ -161,32 +163,43 @@ impl Releaser {
     /// network's lock is taken once for its group of files, with one last
     /// look under it (`hostlocal::release_group`).
     pub fn release_orphaned(&mut self, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
-        let orphans: Vec<&Verdict> = verdicts.iter().filter(|v| v.is_orphaned()).collect();
-        match orphans.len() {
-            0 => Ok(Vec::new()),
-            // One alone: the attachment's other IPs are read from the store.
-            1 => self.release_batch(&orphans, None),
-            _ => self.release_batch(&orphans, Some(verdicts)),
-        }
+        let started = self.begin(verdicts, &orphans_of(verdicts))?;
+        self.finish(started, verdicts)
     }
 
-    /// Releases `orphans` (all orphaned): refuses those outside the
-    /// configured dirs, journals the intents of the rest, and acts on them
-    /// network by network while the intents' fsync runs beside ([`Durable`]:
-    /// no store changes before it is done). `scan`: the whole scan, to know
-    /// an attachment's other IPs; None reads them from the store.
-    fn release_batch(
-        &mut self,
-        orphans: &[&Verdict],
-        scan: Option<&[Verdict]>,
-    ) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+    /// The first half of [`Self::release_orphaned`]: refuses what it must
+    /// and writes the intents, whose fsync starts on the syncer thread
+    /// before this returns. [`Self::finish_orphaned`] does the store work
+    /// (on another thread, as the agent does: its event loop writes the
+    /// intents, so their fsync does not wait for the release thread to be
+    /// woken and scheduled).
+    pub fn begin_orphaned(&mut self, verdicts: Vec<Verdict>) -> Result<Begun, ReleaseError> {
+        let started = self.begin(&verdicts, &orphans_of(&verdicts))?;
+        Ok(Begun { verdicts, started })
+    }
+
+    /// The second half of [`Self::release_orphaned`]: the store work of a
+    /// batch begun by [`Self::begin_orphaned`], every change after the
+    /// intents' fsync.
+    pub fn finish_orphaned(&mut self, begun: Begun) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+        let Begun { verdicts, started } = begun;
+        self.finish(started, &verdicts)
+    }
+
+    /// Refuses the orphans (indices into `verdicts`) outside the configured
+    /// dirs, writes the intents of the rest and starts their fsync beside
+    /// ([`Durable`]: no store changes before it is done). More than one
+    /// orphan: `verdicts` is a whole scan, to know an attachment's other
+    /// IPs; one alone reads them from the store.
+    fn begin(&mut self, verdicts: &[Verdict], orphans: &[usize]) -> Result<Started, ReleaseError> {
         let dry_run = self.config.dry_run;
-        let mut records = Vec::with_capacity(orphans.len());
+        let mut refused = Vec::new();
         let mut accepted = Vec::with_capacity(orphans.len());
-        for &v in orphans {
+        for &i in orphans {
+            let Some(v) = verdicts.get(i) else { continue };
             match hostlocal::reservation_file(&v.reservation, &self.config.host_local_dirs) {
-                Ok(file) => accepted.push((v, file)),
-                Err(reason) => records.push(ReleaseRecord {
+                Ok(file) => accepted.push((i, file)),
+                Err(reason) => refused.push(ReleaseRecord {
                     intent_id: None,
                     dry_run,
                     verdict: v.clone(),
@@ -195,20 +208,33 @@ impl Releaser {
                 }),
             }
         }
+        let whole = orphans.len() > 1;
         if accepted.is_empty() {
-            return Ok(records);
+            return Ok(Started { refused, accepted, whole, journaled: None });
         }
-        let chosen: Vec<&Verdict> = accepted.iter().map(|(v, _)| *v).collect();
+        let chosen: Vec<&Verdict> = accepted.iter().map(|(i, _)| &verdicts[*i]).collect();
         let (intents, unsynced) = self.journal.write_intents(&chosen, dry_run)?;
         if self.config.abort_after_intent {
             // The crash test: the intents durable, no store touched.
             unsynced.sync()?;
             std::process::abort();
         }
-        // The fsync on the syncer thread, the store work here (see
+        // The fsync on the syncer thread, the store work in `finish` (see
         // `durable`): every store change waits for the fsync.
         let durable = Arc::new(Durable::pending());
         let syncing = durable::sync_beside(&durable, unsynced);
+        Ok(Started { refused, accepted, whole, journaled: Some((intents, durable, syncing)) })
+    }
+
+    /// Acts on a begun batch network by network, once every store change
+    /// may go (see `begin`), and records the outcomes.
+    fn finish(&mut self, started: Started, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+        let Started { refused: mut records, accepted, whole, journaled } = started;
+        let Some((intents, durable, syncing)) = journaled else { return Ok(records) };
+        let dry_run = self.config.dry_run;
+        let scan = whole.then_some(verdicts);
+        let accepted: Vec<(&Verdict, hostlocal::ReservationFile)> =
+            accepted.into_iter().filter_map(|(i, file)| Some((verdicts.get(i)?, file))).collect();
         let results = self.act_on(&accepted, scan, &durable);
         if let Err(e) = syncing.result() {
             // Nothing was changed (every store change waited for this).
@@ -435,6 +461,32 @@ impl Releaser {
     }
 }
 
+/// The orphans of a batch, by index.
+fn orphans_of(verdicts: &[Verdict]) -> Vec<usize> {
+    verdicts.iter().enumerate().filter(|(_, v)| v.is_orphaned()).map(|(i, _)| i).collect()
+}
+
+/// A batch [`Releaser::begin_orphaned`] began: its intents written, their
+/// fsync under way. Dropped without [`Releaser::finish_orphaned`], nothing
+/// of it is acted on; the intents stay pending for recovery.
+pub struct Begun {
+    verdicts: Vec<Verdict>,
+    started: Started,
+}
+
+/// A batch's first half, apart from its verdicts (see `Releaser::begin`).
+struct Started {
+    /// The orphans refused, with their records.
+    refused: Vec<ReleaseRecord>,
+    /// The orphans to act on: indices into the verdicts, with their files.
+    accepted: Vec<(usize, hostlocal::ReservationFile)>,
+    /// The verdicts are a whole scan (more than one orphan).
+    whole: bool,
+    /// The intents written, their fsync's gate and result; None when no
+    /// orphan was accepted.
+    journaled: Option<(Vec<Intent>, Arc<Durable>, durable::Syncing)>,
+}
+
 /// At debug: the agent logs each release once where it reports it (its
 /// publish), the CLI prints its outcomes.
 fn log_outcome(r: &Reservation, outcome: &Outcome, dry_run: bool) {
@@ -445,4 +497,55 @@ fn log_outcome(r: &Reservation, outcome: &Outcome, dry_run: bool) {
         dry_run,
         "release: {outcome}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+    use crate::ipam::{ReservationStore, hostlocal::HostLocalStore};
+
+    /// A releaser of `data` (no last look) and one orphaned verdict of a
+    /// reservation the plugin's way on disk.
+    fn releaser_and_orphan(state: &Path, data: &Path, ip: &str) -> (Releaser, Verdict) {
+        fs::create_dir_all(data.join("nrbegin")).unwrap();
+        fs::write(data.join("nrbegin").join(ip), "cid-begin\r\neth0").unwrap();
+        let scan = HostLocalStore::new(data).scan();
+        let r = scan.reservations.into_iter().find(|r| r.ip.to_string() == ip).unwrap();
+        let config = ReleaserConfig { host_local_dirs: vec![data.to_owned()], ..ReleaserConfig::default() };
+        let mut releaser = Releaser::open(state, config).unwrap();
+        releaser.set_last_look(Box::new(lastlook::NoLook));
+        (releaser, Verdict::new(&r, Status::Orphaned, Vec::new()))
+    }
+
+    #[test]
+    fn a_begun_batch_is_journaled_and_touches_no_store_until_it_is_finished() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.2");
+        let path = orphan.reservation.path.clone();
+        let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+        assert_eq!(releaser.journal().pending().len(), 1, "no intent written when the batch began");
+        assert!(path.exists(), "a store changed before the batch was finished");
+        let records = releaser.finish_orphaned(begun).unwrap();
+        let [record] = records.as_slice() else { panic!("one record: {records:?}") };
+        assert!(record.outcome.released(), "{}", record.outcome);
+        assert!(!path.exists());
+        assert!(releaser.journal().pending().is_empty(), "the outcome was not recorded");
+    }
+
+    #[test]
+    fn a_begun_batch_never_finished_leaves_its_intent_for_recovery() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.3");
+        let path = orphan.reservation.path.clone();
+        let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+        drop(begun);
+        drop(releaser);
+        assert!(path.exists(), "a batch never finished changed a store");
+        let again = Journal::open(&state).unwrap();
+        assert_eq!(again.pending().len(), 1, "the next start does not see the intent to recover");
+    }
 }
