@@ -163,7 +163,8 @@ impl Model {
     fn check_peers(&mut self) {
         for id in std::mem::take(&mut self.peer_checks) {
             if self.registry.has_unplaced_peer(id) {
-                let dump = Dump { target: NetnsKey::Record(id), table: Table::Links, counting: false, for_resync: false };
+                let dump =
+                    Dump { target: NetnsKey::Record(id), table: Table::Links, counting: false, for_resync: false };
                 self.queue_dump(dump);
             }
         }

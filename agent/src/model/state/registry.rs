@@ -190,9 +190,11 @@ impl Registry {
             return true;
         };
         rec.links.iter().any(|(&ifindex, l)| match (l.link, l.link_netns) {
-            (Some(peer), LinkNetns::Unverified) => !self.host.links.get(&peer).is_some_and(|h| {
-                h.link == Some(ifindex) && h.link_netns == LinkNetns::Nsid(nsid)
-            }),
+            (Some(peer), LinkNetns::Unverified) => !self
+                .host
+                .links
+                .get(&peer)
+                .is_some_and(|h| h.link == Some(ifindex) && h.link_netns == LinkNetns::Nsid(nsid)),
             _ => false,
         })
     }
