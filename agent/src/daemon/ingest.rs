@@ -26,6 +26,28 @@ impl Agent {
     pub(super) async fn on_kernel_batch(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<()> {
         // A death pass's lines come before anything learned after it.
         self.publish_deferred()?;
+        // The batch's events go out in one write (a CNI run's exec and
+        // exits often come together), before anything awaits.
+        self.events.hold();
+        let ingested = self.ingest(batch);
+        self.events.release()?;
+        let (netns_records, ledger_changed) = ingested?;
+        if !netns_records.is_empty() {
+            self.model.kernel_events(netns_records).await?;
+        }
+        if ledger_changed {
+            // /state's copy of the ledger is made again at the next
+            // reconcile or housekeeping tick, the knowledge file at the next
+            // tick: not for the netns records that change neither.
+            self.attachments_dirty = true;
+            self.memory.dirty = true;
+        }
+        Ok(())
+    }
+
+    /// The batch into the ledger and the event stream; returns the records
+    /// for the model and whether the ledger changed.
+    fn ingest(&mut self, batch: Vec<Result<KernelEvent, DecodeError>>) -> anyhow::Result<(Vec<KernelEvent>, bool)> {
         let mut netns_records = Vec::new();
         let mut ledger_changed = false;
         for record in batch {
@@ -49,17 +71,7 @@ impl Agent {
                 netns_records.push(event);
             }
         }
-        if !netns_records.is_empty() {
-            self.model.kernel_events(netns_records).await?;
-        }
-        if ledger_changed {
-            // /state's copy of the ledger is made again at the next
-            // reconcile or housekeeping tick, the knowledge file at the next
-            // tick: not for the netns records that change neither.
-            self.attachments_dirty = true;
-            self.memory.dirty = true;
-        }
-        Ok(())
+        Ok((netns_records, ledger_changed))
     }
 
     /// Ingests what the probes wrote without waking the agent (a DEL's exec

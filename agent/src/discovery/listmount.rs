@@ -354,6 +354,14 @@ pub fn is_own_table(proc_root: &Path, mountinfo: &Path) -> Result<(), KernelMoun
     Ok(())
 }
 
+/// Whether `mountinfo`, once found to be the calling thread's own table
+/// ([`is_own_table`]), stays so: that of `self` or `thread-self` (a pid's
+/// can go to another process).
+pub fn stays_own(mountinfo: &Path) -> bool {
+    mountinfo.file_name().is_some_and(|n| n == "mountinfo")
+        && mountinfo.parent().and_then(Path::file_name).is_some_and(|n| n == "self" || n == "thread-self")
+}
+
 /// The mount and inode a process's root is.
 fn root_of(path: &Path) -> Result<(u64, u32, u32, u64), String> {
     let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;

@@ -201,6 +201,12 @@ pub struct MountReader {
     /// Why the kernel's list was not used once was logged (not again).
     told: bool,
     netns: Vec<mountinfo::NetnsMount>,
+    /// (proc root, table) found to be this thread's own, for a table that
+    /// stays so: `self` or `thread-self`, whose mount namespace and root
+    /// change only if the agent itself moves this thread or its main one,
+    /// which it never does (its loader thread unshares, no other). Checked
+    /// once, not at each read: four path lookups under /proc a read.
+    own_table: Option<(PathBuf, PathBuf)>,
 }
 
 impl MountReader {
@@ -216,6 +222,7 @@ impl MountReader {
             kernel_reads: 0,
             told: false,
             netns: Vec::new(),
+            own_table: None,
         }
     }
 
@@ -281,13 +288,20 @@ impl MountReader {
     /// false: read the text instead.
     fn read_kernel(&mut self, paths: &DiscoveryPaths, counted: bool) -> bool {
         let Some(kernel) = self.kernel.as_mut() else { return false };
-        if let Err(e) = listmount::is_own_table(&paths.proc_root, &paths.mountinfo) {
-            if !self.told {
-                self.told = true;
-                tracing::debug!("mount table: reading the text ({e})");
+        let known_own =
+            self.own_table.as_ref().is_some_and(|(proc, table)| *proc == paths.proc_root && *table == paths.mountinfo);
+        if !known_own {
+            if let Err(e) = listmount::is_own_table(&paths.proc_root, &paths.mountinfo) {
+                if !self.told {
+                    self.told = true;
+                    tracing::debug!("mount table: reading the text ({e})");
+                }
+                kernel.forget();
+                return false;
             }
-            kernel.forget();
-            return false;
+            if listmount::stays_own(&paths.mountinfo) {
+                self.own_table = Some((paths.proc_root.clone(), paths.mountinfo.clone()));
+            }
         }
         if !counted {
             kernel.forget();
@@ -495,6 +509,14 @@ mod tests {
         }
         for other in ["/proc/self/mounts", "/etc/mountinfo", "/proc/self/task/mountinfo", "/proc/nope/mountinfo"] {
             assert!(listmount::is_own_table(proc, Path::new(other)).is_err(), "{other}");
+        }
+        // Checked once only where it cannot become another's: not a pid's,
+        // which can be reused by a process in another mount namespace.
+        for own in ["/proc/self/mountinfo", "/proc/thread-self/mountinfo"] {
+            assert!(listmount::stays_own(Path::new(own)), "{own}");
+        }
+        for pid in ["/proc/1/mountinfo", "/proc/self/mounts", "/proc/1/task/self/mountinfo/x"] {
+            assert!(!listmount::stays_own(Path::new(pid)), "{pid}");
         }
     }
 

@@ -119,6 +119,10 @@ pub struct Model {
     views: Views,
     next_seq: u32,
     actions: Vec<Action>,
+    /// Records whose links' notifications named a peer in their own frame:
+    /// dumped (to place it in ours) only if, once what was read is applied,
+    /// no host link places it (see [`Registry::has_unplaced_peer`]).
+    peer_checks: Vec<RecordId>,
     /// Time of the latest input, for state that records when it started.
     last_now: SystemTime,
     /// The router's own counters (the parts keep theirs).
@@ -140,6 +144,7 @@ impl Model {
             views: Views::default(),
             next_seq: 1,
             actions: Vec::new(),
+            peer_checks: Vec::new(),
             last_now: now,
             counts: ModelStats::default(),
         }
@@ -147,7 +152,22 @@ impl Model {
 
     /// Actions produced since the last call, in order.
     pub fn take_actions(&mut self) -> Vec<Action> {
+        self.check_peers();
         std::mem::take(&mut self.actions)
+    }
+
+    /// Asks for the link dumps that placing peers still needs. Judged when
+    /// the actions are taken (after a whole read), not per notification: a
+    /// pod's veth shows its pod side first, and the host side, which names
+    /// it back in our frame, a few messages later in the same read.
+    fn check_peers(&mut self) {
+        for id in std::mem::take(&mut self.peer_checks) {
+            if self.registry.has_unplaced_peer(id) {
+                let dump =
+                    Dump { target: NetnsKey::Record(id), table: Table::Links, counting: false, for_resync: false };
+                self.queue_dump(dump);
+            }
+        }
     }
 
     /// Whether a death waits among the actions not yet taken.

@@ -54,16 +54,25 @@ impl Rotating {
         Ok(Self { path: path.to_path_buf(), max_bytes, keep, file, written })
     }
 
-    /// Writes one whole line, rotating first if it would not fit. A line is
-    /// never split: one longer than `max_bytes` gets a file of its own.
-    fn write_line(&mut self, line: &[u8]) -> Result<(), StreamError> {
-        if self.written > 0 && self.written + line.len() as u64 > self.max_bytes {
-            self.rotate()?;
+    /// Writes whole lines (`ends`: where each ends in `bytes`), rotating
+    /// before a line that would not fit. A line is never split: one longer
+    /// than `max_bytes` gets a file of its own.
+    fn write_lines(&mut self, bytes: &[u8], ends: &[usize]) -> Result<(), StreamError> {
+        // The lines that fit go in one write_all on an O_APPEND file (no
+        // BufWriter), so a line is either fully in a file or not written.
+        let mut start = 0;
+        let mut fits_to = 0;
+        for &end in ends {
+            let line = (end - fits_to) as u64;
+            if self.written > 0 && self.written + line > self.max_bytes {
+                self.file.write_all(&bytes[start..fits_to])?;
+                self.rotate()?;
+                start = fits_to;
+            }
+            self.written += line;
+            fits_to = end;
         }
-        // One write_all per line on an O_APPEND file: no BufWriter, so a
-        // line is either fully in this file or not yet written at all.
-        self.file.write_all(line)?;
-        self.written += line.len() as u64;
+        self.file.write_all(&bytes[start..fits_to])?;
         Ok(())
     }
 
@@ -114,20 +123,31 @@ fn rename_if_present(from: &Path, to: &Path) -> io::Result<()> {
     }
 }
 
-/// Writes events as JSON lines; each line is flushed, so a crash loses none.
+/// Writes events as JSON lines; each line is flushed, so a crash loses none
+/// (but for the lines of a batch held by [`EventStream::hold`]).
 pub struct EventStream {
     sink: Sink,
+    /// Lines emitted while held, written by [`EventStream::release`].
+    held: Option<Held>,
+}
+
+/// Lines waiting for one write.
+#[derive(Default)]
+struct Held {
+    bytes: Vec<u8>,
+    /// Where each line ends in `bytes`.
+    ends: Vec<usize>,
 }
 
 impl EventStream {
     #[must_use]
     pub fn stdout() -> Self {
-        Self { sink: Sink::Stdout(io::stdout()) }
+        Self { sink: Sink::Stdout(io::stdout()), held: None }
     }
 
     /// Appends to `path` (created if missing).
     pub fn file(path: &Path) -> Result<Self, StreamError> {
-        Ok(Self { sink: Sink::File(BufWriter::new(open_append(path)?)) })
+        Ok(Self { sink: Sink::File(BufWriter::new(open_append(path)?)), held: None })
     }
 
     /// Appends to `path` (created if missing); before a line would take it
@@ -135,7 +155,7 @@ impl EventStream {
     /// to `<path>.<keep>`, dropping the oldest) and starts a new one. Lines
     /// are never split across files.
     pub fn file_rotating(path: &Path, max_bytes: u64, keep: u32) -> Result<Self, StreamError> {
-        Ok(Self { sink: Sink::Rotating(Rotating::open(path, max_bytes, keep)?) })
+        Ok(Self { sink: Sink::Rotating(Rotating::open(path, max_bytes, keep)?), held: None })
     }
 
     /// `-` is stdout; anything else a file.
@@ -179,17 +199,42 @@ impl EventStream {
         }
         bytes.remove(fields_at);
         bytes.push(b'\n');
+        if let Some(held) = &mut self.held {
+            held.bytes.extend_from_slice(&bytes);
+            held.ends.push(held.bytes.len());
+            return Ok(());
+        }
+        self.write(&bytes, &[bytes.len()])
+    }
+
+    /// Holds the lines emitted from now on until [`EventStream::release`]:
+    /// the events of one batch of kernel records (a CNI run's exec and
+    /// exits, read together) then cost one write, not one each.
+    pub fn hold(&mut self) {
+        self.held.get_or_insert_with(Held::default);
+    }
+
+    /// Writes what was held, in order, and stops holding.
+    pub fn release(&mut self) -> Result<(), StreamError> {
+        match self.held.take() {
+            Some(held) if !held.ends.is_empty() => self.write(&held.bytes, &held.ends),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes whole lines (`ends`: where each ends in `bytes`) and flushes.
+    fn write(&mut self, bytes: &[u8], ends: &[usize]) -> Result<(), StreamError> {
         match &mut self.sink {
             Sink::Stdout(out) => {
                 let mut out = out.lock();
-                out.write_all(&bytes)?;
+                out.write_all(bytes)?;
                 out.flush()?;
             }
             Sink::File(file) => {
-                file.write_all(&bytes)?;
+                file.write_all(bytes)?;
                 file.flush()?;
             }
-            Sink::Rotating(r) => r.write_line(&bytes)?,
+            Sink::Rotating(r) => r.write_lines(bytes, ends)?,
         }
         Ok(())
     }
@@ -281,6 +326,32 @@ mod tests {
         let huge = read_lines(&path);
         assert_eq!(huge.len(), 1, "the oversized line is alone and whole");
         assert_eq!(huge[0]["error"].as_str().map(str::len), Some(1000));
+    }
+
+    #[test]
+    fn held_lines_wait_for_release_and_rotate_as_single_lines_do() {
+        let dir = tempfile::tempdir().expect("event file I/O");
+        let path = dir.path().join("events.jsonl");
+        let max = 1000;
+        let mut s = EventStream::file_rotating(&path, max, 5).expect("event file I/O");
+        emit_n(&mut s, 0, 3);
+        s.hold();
+        emit_n(&mut s, 3, 20);
+        assert_eq!(read_lines(&path).len(), 3, "held lines are not written before the release");
+        s.release().expect("event file I/O");
+        emit_n(&mut s, 23, 1);
+        let files = [numbered(&path, 2), numbered(&path, 1), path.clone()];
+        assert!(!numbered(&path, 3).exists(), "24 lines of about 120 bytes fill three files");
+        for p in &files {
+            let len = std::fs::metadata(p).expect("event file I/O").len();
+            assert!(len <= max, "{} is {len} bytes, over {max}", p.display());
+        }
+        let seqs: Vec<u64> = files.iter().flat_map(|p| read_lines(p).iter().map(seq).collect::<Vec<_>>()).collect();
+        assert_eq!(seqs, (0..24).collect::<Vec<_>>(), "every line once, in order, none split");
+        assert!(read_lines(&numbered(&path, 1)).len() > 1, "rotated within the held lines");
+        // Released, it writes each line at once again.
+        emit_n(&mut s, 24, 1);
+        assert_eq!(read_lines(&path).last().map(seq), Some(24));
     }
 
     #[test]

@@ -104,7 +104,16 @@ impl Model {
             self.dumps.mark(key, entry);
         }
         if applied.needs_link_dump {
-            self.queue_dump(Dump { target: key, table: Table::Links, counting: false, for_resync: false });
+            match key {
+                NetnsKey::Record(id) => {
+                    if !self.peer_checks.contains(&id) {
+                        self.peer_checks.push(id);
+                    }
+                }
+                NetnsKey::Host => {
+                    self.queue_dump(Dump { target: key, table: Table::Links, counting: false, for_resync: false });
+                }
+            }
         }
     }
 

@@ -177,6 +177,28 @@ impl Registry {
         self.live.get(&id).and_then(|r| r.nsid)
     }
 
+    /// Record `id` has a link whose peer only a dump of its links can
+    /// place: its own message names the peer in the record's frame, and no
+    /// host link names it back. A veth pair names each other, and the host
+    /// side's message is in our frame, so the pod side of a pod's veth is
+    /// placed by it (as the views place it) without a dump.
+    pub(super) fn has_unplaced_peer(&self, id: RecordId) -> bool {
+        let Some(rec) = self.live.get(&id) else {
+            return false;
+        };
+        let Some(nsid) = rec.nsid else {
+            return true;
+        };
+        rec.links.iter().any(|(&ifindex, l)| match (l.link, l.link_netns) {
+            (Some(peer), LinkNetns::Unverified) => !self
+                .host
+                .links
+                .get(&peer)
+                .is_some_and(|h| h.link == Some(ifindex) && h.link_netns == LinkNetns::Nsid(nsid)),
+            _ => false,
+        })
+    }
+
     /// The record `__put_net` of `inode` at `freed_at` is about: the one
     /// holding the inode, if it was first seen before. A late record of an
     /// earlier netns with the same inode (reused at once) predates the

@@ -288,9 +288,15 @@ fn veth_peers_and_host_routes_resolve_across_namespaces() {
     assert_eq!(host_veth.link.as_ref().unwrap().netns.unwrap().inode, Some(100));
     assert_eq!(pod.host_routes, vec!["10.1.0.5".parse::<IpAddr>().unwrap()]);
     assert_eq!(s.host_routes[0].netns.unwrap().inode, Some(100));
-    // The pod-side event asked for a dump to place its peer in our frame.
+    // The host side placed the pod side's peer: no dump for it.
     let dumps = requests(&m.take_actions());
-    assert!(dumps.iter().any(|d| d.0 == RTM_GETLINK), "{dumps:?}");
+    assert!(!dumps.iter().any(|d| d.0 == RTM_GETLINK), "{dumps:?}");
+    // A peer no host link names back (here, in another pod) takes a dump of
+    // the pod's links to be placed in our frame, once per read.
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(3, "eth1", Some((4, Some(1))))), T0);
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(3, "eth1", Some((4, Some(1))))), T0);
+    let dumps = requests(&m.take_actions());
+    assert_eq!(dumps.iter().filter(|d| d.0 == RTM_GETLINK).count(), 1, "{dumps:?}");
 
     m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(10, "veth-host", None)), T0);
     assert!(m.snapshot(T0).host_routes.is_empty(), "routes through a deleted link go with it");
