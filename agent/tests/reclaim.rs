@@ -97,7 +97,10 @@ fn netns_deleted_without_del_is_released() {
     let position = |what: &str, of: &dyn Fn(&serde_json::Value) -> bool| {
         events.iter().position(|e| e["event"] == what && of(e)).unwrap_or_else(|| panic!("no {what}: {events:#?}"))
     };
-    let died = position("netns_died", &|e| e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == cid)));
+    // The only netns that dies here is the pod's. Its event may not name
+    // the container: a netns the model knew only by nsid (deleted before
+    // the mount table was read) is matched to bindings by inode there.
+    let died = position("netns_died", &|_| true);
     let orphaned = position("verdict_changed", &|e| e["container_id"] == cid && e["to"] == "orphaned");
     let release = position("release", &|e| e["container_id"] == cid);
     assert!(died < release && orphaned < release, "out of order: {events:#?}");
