@@ -70,7 +70,7 @@ pub(super) fn decide_on<R: Claim + Clone + Send + Sync>(
     }
     let index = Index::build(obs, true);
     // Which thread judges each reservation: its container's.
-    let side = foldhash::fast::FixedState::with_seed(0x6e65_7472_6561_70);
+    let side = foldhash::fast::FixedState::with_seed(0x006e_6574_7265_6170);
     let on_helper: Vec<bool> =
         reservations.iter().map(|r| std::hash::BuildHasher::hash_one(&side, r.container_id()) & 1 == 1).collect();
     let (mine, theirs) = std::thread::scope(|s| {
