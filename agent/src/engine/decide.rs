@@ -39,9 +39,9 @@ const DECIDE_THREADS: usize = 2;
 pub(super) const PARALLEL_DECIDE_MIN: usize = 4096;
 
 /// One verdict per reservation, in the same order. Many reservations are
-/// judged on up to [`DECIDE_THREADS`] threads, each on its own half, against
-/// one shared index: judging is a pure function of the index and the
-/// reservation, so the verdicts are those of one thread.
+/// judged on up to [`DECIDE_THREADS`] threads against one shared index:
+/// judging is a pure function of the index and the reservation, so the
+/// verdicts are those of one thread.
 #[must_use]
 pub fn decide<R: Claim + Clone + Send + Sync>(
     obs: &Observations,
@@ -49,41 +49,70 @@ pub fn decide<R: Claim + Clone + Send + Sync>(
     now: SystemTime,
     policy: &Policy,
 ) -> Vec<Verdict<R>> {
-    let index = Index::new(obs);
-    let threads = crate::cpus::available().min(DECIDE_THREADS);
-    if threads < 2 || reservations.len() < PARALLEL_DECIDE_MIN {
-        return judge_all(&index, reservations, now, policy);
-    }
-    let (first, rest) = reservations.split_at(reservations.len() / 2);
-    std::thread::scope(|s| {
-        let index = &index;
-        let helper = std::thread::Builder::new()
-            .name("netreap-decide".into())
-            .spawn_scoped(s, move || judge_all(index, rest, now, policy));
-        let mut out = judge_all(index, first, now, policy);
-        // A thread that cannot be started: its half is judged here.
-        match helper.map(std::thread::ScopedJoinHandle::join) {
-            Ok(Ok(other)) => out.extend(other),
-            _ => out.extend(judge_all(index, rest, now, policy)),
-        }
-        out
-    })
+    let parallel = reservations.len() >= PARALLEL_DECIDE_MIN && crate::cpus::available().min(DECIDE_THREADS) >= 2;
+    decide_on(obs, reservations, now, policy, parallel)
 }
 
-/// Verdicts for `reservations`, in order, on this thread. What depends on
-/// a reservation's container alone is looked up once per container: a pod
-/// attached to 10 networks has 10 reservations, and each lookup hashes and
-/// compares a 64-byte container ID.
+/// [`decide`], on two threads when `parallel` (whatever the size: tests
+/// take this path with a few reservations). The index is built on both
+/// (the addresses' map on a helper), then each container is judged on the
+/// thread its ID hashes to: what is found once per container is found
+/// once, not once per thread, and each thread keeps half of it.
+pub(super) fn decide_on<R: Claim + Clone + Send + Sync>(
+    obs: &Observations,
+    reservations: &[R],
+    now: SystemTime,
+    policy: &Policy,
+    parallel: bool,
+) -> Vec<Verdict<R>> {
+    if !parallel {
+        return judge_all(&Index::new(obs), reservations, None, now, policy);
+    }
+    let index = Index::build(obs, true);
+    // Which thread judges each reservation: its container's.
+    let side = foldhash::fast::FixedState::with_seed(0x006e_6574_7265_6170);
+    let on_helper: Vec<bool> =
+        reservations.iter().map(|r| std::hash::BuildHasher::hash_one(&side, r.container_id()) & 1 == 1).collect();
+    let (mine, theirs) = std::thread::scope(|s| {
+        let (index, on_helper) = (&index, on_helper.as_slice());
+        let helper = std::thread::Builder::new()
+            .name("netreap-decide".into())
+            .spawn_scoped(s, move || judge_all(index, reservations, Some((on_helper, true)), now, policy));
+        let mine = judge_all(index, reservations, Some((on_helper, false)), now, policy);
+        // A thread that cannot be started: its share is judged here.
+        let theirs = match helper.map(std::thread::ScopedJoinHandle::join) {
+            Ok(Ok(theirs)) => theirs,
+            _ => judge_all(index, reservations, Some((on_helper, true)), now, policy),
+        };
+        (mine, theirs)
+    });
+    // Back in the reservations' order.
+    let helpers = on_helper.iter().filter(|&&h| h).count();
+    if theirs.len() != helpers || mine.len() != reservations.len() - helpers {
+        return judge_all(&index, reservations, None, now, policy);
+    }
+    let (mut mine, mut theirs) = (mine.into_iter(), theirs.into_iter());
+    on_helper.iter().filter_map(|&h| if h { theirs.next() } else { mine.next() }).collect()
+}
+
+/// Verdicts for `reservations` (only those `share` gives this thread:
+/// where the flag equals the side), in order, on this thread. What
+/// depends on a reservation's container alone is looked up once per
+/// container: a pod attached to 10 networks has 10 reservations, and each
+/// lookup hashes and compares a 64-byte container ID.
 fn judge_all<R: Claim + Clone>(
     index: &Index<'_>,
     reservations: &[R],
+    share: Option<(&[bool], bool)>,
     now: SystemTime,
     policy: &Policy,
 ) -> Vec<Verdict<R>> {
     let mut containers: HashMap<&str, Container<'_>, foldhash::fast::RandomState> = HashMap::default();
     reservations
         .iter()
-        .map(|r| {
+        .enumerate()
+        .filter(|(i, _)| share.is_none_or(|(flags, side)| flags.get(*i) == Some(&side)))
+        .map(|(_, r)| {
             let c = containers.entry(r.container_id()).or_insert_with(|| Container::of(index, r.container_id()));
             let (status, facts) = judge(index, c, r, now, policy);
             Verdict::with_evidence(r, status, c.evidence(facts))
@@ -95,8 +124,9 @@ fn judge_all<R: Claim + Clone>(
 enum Link<'a> {
     Live(&'a LiveNetns, BoundBy),
     Dead(&'a DeadNetns, BoundBy),
-    /// Bound to something neither known live nor seen to die.
-    Unresolved(Fact, SystemTime),
+    /// Bound to something neither known live nor seen to die (rare: boxed,
+    /// so the common links stay small).
+    Unresolved(Box<(Fact, SystemTime)>),
 }
 
 /// What judging needs of a container alone (never of a reservation's IP,
@@ -104,18 +134,18 @@ enum Link<'a> {
 /// field is exactly what the per-reservation lookup it replaces gave.
 struct Container<'a> {
     /// Its bindings' netns, then the live netns the model binds it to.
-    links: Vec<Link<'a>>,
+    links: Box<[Link<'a>]>,
     /// Positions of the dead netns bound to it, ascending.
-    dead: Vec<usize>,
+    dead: Box<[usize]>,
     /// Its CNI runs in flight (any that may concern it).
-    in_flight: Vec<Fact>,
+    in_flight: Box<[Fact]>,
     /// The earliest start of a run of exactly this container that the
     /// probes watched: some such run started by `t` iff this is <= `t`.
     first_watched_run: Option<SystemTime>,
     /// The runtime's reasons to keep.
-    runtime_keep: Vec<Fact>,
+    runtime_keep: Box<[Fact]>,
     /// Pending pods a CNI run of it named.
-    pending_pods: Vec<Fact>,
+    pending_pods: Box<[Fact]>,
     /// The last evidence list one of its reservations got: equal facts
     /// share it (they name the netns, not the IP, so mostly they are equal).
     last_evidence: Option<Arc<[Evidence]>>,
@@ -124,22 +154,19 @@ struct Container<'a> {
 impl<'a> Container<'a> {
     fn of(ix: &Index<'a>, cid: &str) -> Self {
         let obs = ix.obs;
-        let mut links = Vec::new();
-        for (b, name, link) in ix.bindings_of_shared(cid) {
-            let via = || BoundBy::Binding { source: b.source, netns: Arc::clone(&name) };
-            match link {
-                BindingLink::Live(live) => links.push(Link::Live(live, via())),
-                BindingLink::Dead(dead) => links.push(Link::Dead(dead, via())),
+        // One allocation of the final size (both iterators know theirs).
+        let links = ix
+            .bindings_of_shared(cid)
+            .map(|(b, name, link)| match link {
+                BindingLink::Live(live) => Link::Live(live, BoundBy::Binding { source: b.source, netns: name }),
+                BindingLink::Dead(dead) => Link::Dead(dead, BoundBy::Binding { source: b.source, netns: name }),
                 BindingLink::Unresolved => {
-                    let fact =
-                        Fact::UnresolvedBinding { netns: Arc::clone(&name), source: b.source, seen_at: b.seen_at };
-                    links.push(Link::Unresolved(fact, b.seen_at));
+                    let fact = Fact::UnresolvedBinding { netns: name, source: b.source, seen_at: b.seen_at };
+                    Link::Unresolved(Box::new((fact, b.seen_at)))
                 }
-            }
-        }
-        for live in ix.live_of_container(cid) {
-            links.push(Link::Live(live, BoundBy::Model));
-        }
+            })
+            .chain(ix.live_of_container(cid).map(|live| Link::Live(live, BoundBy::Model)))
+            .collect();
         let in_flight = ix
             .ops_concerning(cid)
             .into_iter()
@@ -167,7 +194,7 @@ impl<'a> Container<'a> {
             dead: ix.dead_positions_of_container(cid).collect(),
             in_flight,
             first_watched_run: ix.ops_of_exactly(cid).map(|op| op.started_at).filter(|&t| watched(t)).min(),
-            runtime_keep: super::runtime::keep_facts(ix, cid),
+            runtime_keep: super::runtime::keep_facts(ix, cid).into_boxed_slice(),
             pending_pods,
             last_evidence: None,
         }
@@ -243,7 +270,7 @@ fn judge<'a>(
         match link {
             Link::Live(n, via) => in_use.push(Fact::BoundToLiveNetns { netns: n.id, via: via.clone() }),
             Link::Dead(d, via) => file_death(d, via.clone(), &mut dead, &mut unresolved),
-            Link::Unresolved(fact, seen_at) => unresolved.push((fact.clone(), *seen_at)),
+            Link::Unresolved(unresolved_link) => unresolved.push((**unresolved_link).clone()),
         }
     }
     for (d, own) in ix.dead_at_or_holding(&c.dead, r.ip()) {

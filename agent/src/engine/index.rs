@@ -143,9 +143,48 @@ pub struct Index<'a> {
     binding_resolved: Vec<std::sync::OnceLock<Resolved>>,
 }
 
+/// The live netns by the addresses they hold: the largest table (one key
+/// per address of the node), sized up front from what will be filed
+/// (almost every key is distinct): 100k addresses grown by doubling rehash
+/// every key about twice over.
+fn live_by_ip(obs: &Observations) -> Map<IpAddr, Positions> {
+    let mut by_ip = Map::default();
+    by_ip.reserve(obs.live.iter().map(|n| n.addresses.len()).sum());
+    for (i, n) in obs.live.iter().enumerate() {
+        n.addresses.iter().for_each(|a| push(&mut by_ip, *a, i));
+    }
+    by_ip
+}
+
 impl<'a> Index<'a> {
     #[must_use]
     pub fn new(obs: &'a Observations) -> Self {
+        Self::build(obs, false)
+    }
+
+    /// [`Index::new`]; when `parallel`, the addresses' table is filled on a
+    /// helper thread while this one fills the others (each is filled by
+    /// one thread, in observation order, so the tables are the same).
+    pub(super) fn build(obs: &'a Observations, parallel: bool) -> Self {
+        if !parallel {
+            let mut ix = Self::without_addresses(obs);
+            ix.live_by_ip = live_by_ip(obs);
+            return ix;
+        }
+        std::thread::scope(|s| {
+            let helper = std::thread::Builder::new().name("netreap-index".into()).spawn_scoped(s, || live_by_ip(obs));
+            let mut ix = Self::without_addresses(obs);
+            // A thread that cannot be started: its table is filled here.
+            ix.live_by_ip = match helper.map(std::thread::ScopedJoinHandle::join) {
+                Ok(Ok(by_ip)) => by_ip,
+                _ => live_by_ip(obs),
+            };
+            ix
+        })
+    }
+
+    /// Every table but `live_by_ip` (left empty).
+    fn without_addresses(obs: &'a Observations) -> Self {
         let mut ix = Self {
             obs,
             live_by_inode: Map::default(),
@@ -168,11 +207,7 @@ impl<'a> Index<'a> {
             binding_names: obs.bindings.iter().map(|_| std::sync::OnceLock::new()).collect(),
             binding_resolved: obs.bindings.iter().map(|_| std::sync::OnceLock::new()).collect(),
         };
-        // Sized up front from what will be filed (almost every key is
-        // distinct): 100k addresses grown by doubling rehash every key
-        // about twice over, on the one thread that builds the index.
-        let live_addresses = obs.live.iter().map(|n| n.addresses.len()).sum();
-        ix.live_by_ip.reserve(live_addresses);
+        // Sized up front from what will be filed (see `live_by_ip`).
         ix.live_by_inode.reserve(obs.live.len());
         ix.live_by_nsid.reserve(obs.live.len());
         ix.live_by_path.reserve(obs.live.len());
@@ -186,7 +221,6 @@ impl<'a> Index<'a> {
             n.id.inode.into_iter().for_each(|k| push(&mut ix.live_by_inode, k, i));
             n.id.nsid.into_iter().for_each(|k| push(&mut ix.live_by_nsid, k, i));
             n.paths.iter().for_each(|p| push(&mut ix.live_by_path, path_key(p), i));
-            n.addresses.iter().for_each(|a| push(&mut ix.live_by_ip, *a, i));
             n.container_ids.iter().for_each(|c| push(&mut ix.live_by_container, c.as_str(), i));
         }
         for (i, d) in obs.dead.iter().enumerate() {

@@ -666,43 +666,45 @@ proptest! {
         addr in an_ip(),
     ) {
         use super::{index::Index, observations::same_netns_path};
-        let ix = Index::new(&obs);
-        let live_linear = obs.live.iter().find(|n| match &netns {
-            NetnsName::Id(id) => n.id.may_be(id),
-            NetnsName::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
-        });
-        prop_assert_eq!(ix.live_matching(&netns), live_linear);
-        let dead_linear = obs.dead.iter().find(|d| {
-            seen_at <= d.died_at
-                && match &netns {
-                    NetnsName::Id(id) => d.id.may_be(id),
-                    NetnsName::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
-                }
-        });
-        prop_assert_eq!(ix.dead_matching(&netns, seen_at), dead_linear);
-        let ops_linear: Vec<_> = obs.cni_ops.iter().filter(|op| op.may_concern(&cid)).collect();
-        prop_assert_eq!(ix.ops_concerning(&cid), ops_linear);
-        let holding: Vec<_> = obs.live.iter().filter(|n| n.addresses.contains(&addr)).collect();
-        prop_assert_eq!(ix.live_holding(addr).collect::<Vec<_>>(), holding);
-        let dead_linear: Vec<_> = obs
-            .dead
-            .iter()
-            .filter(|d| d.container_ids.contains(&cid) || (d.container_ids.is_empty() && d.addresses.contains(&addr)))
-            .collect();
-        let dead_indexed: Vec<_> = ix.dead_of_container_or_ip(&cid, addr).into_iter().map(|(d, _)| d).collect();
-        prop_assert_eq!(dead_indexed, dead_linear);
-        // Where each binding's netns stands is found once, at build time:
-        // exactly what matching it then would find.
-        for c in obs.bindings.iter().map(|b| &b.container_id) {
-            for (b, name, link) in ix.bindings_of_shared(c) {
-                prop_assert_eq!(&*name, &b.netns);
-                let (live, dead) = (ix.live_matching(&b.netns), ix.dead_matching(&b.netns, b.seen_at));
-                match link {
-                    super::index::BindingLink::Live(n) => prop_assert!(live.is_some_and(|l| std::ptr::eq(l, n))),
-                    super::index::BindingLink::Dead(d) => {
-                        prop_assert!(live.is_none() && dead.is_some_and(|x| std::ptr::eq(x, d)));
+        // Built on one thread or on two (the addresses' table on a helper).
+        for ix in [Index::new(&obs), Index::build(&obs, true)] {
+            let live_linear = obs.live.iter().find(|n| match &netns {
+                NetnsName::Id(id) => n.id.may_be(id),
+                NetnsName::Path(p) => n.paths.iter().any(|q| same_netns_path(p, q)),
+            });
+            prop_assert_eq!(ix.live_matching(&netns), live_linear);
+            let dead_linear = obs.dead.iter().find(|d| {
+                seen_at <= d.died_at
+                    && match &netns {
+                        NetnsName::Id(id) => d.id.may_be(id),
+                        NetnsName::Path(p) => d.paths.iter().any(|q| same_netns_path(p, q)),
                     }
-                    super::index::BindingLink::Unresolved => prop_assert!(live.is_none() && dead.is_none()),
+            });
+            prop_assert_eq!(ix.dead_matching(&netns, seen_at), dead_linear);
+            let ops_linear: Vec<_> = obs.cni_ops.iter().filter(|op| op.may_concern(&cid)).collect();
+            prop_assert_eq!(ix.ops_concerning(&cid), ops_linear);
+            let holding: Vec<_> = obs.live.iter().filter(|n| n.addresses.contains(&addr)).collect();
+            prop_assert_eq!(ix.live_holding(addr).collect::<Vec<_>>(), holding);
+            let dead_linear: Vec<_> = obs
+                .dead
+                .iter()
+                .filter(|d| d.container_ids.contains(&cid) || (d.container_ids.is_empty() && d.addresses.contains(&addr)))
+                .collect();
+            let dead_indexed: Vec<_> = ix.dead_of_container_or_ip(&cid, addr).into_iter().map(|(d, _)| d).collect();
+            prop_assert_eq!(dead_indexed, dead_linear);
+            // Where each binding's netns stands is found once, at build time:
+            // exactly what matching it then would find.
+            for c in obs.bindings.iter().map(|b| &b.container_id) {
+                for (b, name, link) in ix.bindings_of_shared(c) {
+                    prop_assert_eq!(&*name, &b.netns);
+                    let (live, dead) = (ix.live_matching(&b.netns), ix.dead_matching(&b.netns, b.seen_at));
+                    match link {
+                        super::index::BindingLink::Live(n) => prop_assert!(live.is_some_and(|l| std::ptr::eq(l, n))),
+                        super::index::BindingLink::Dead(d) => {
+                            prop_assert!(live.is_none() && dead.is_some_and(|x| std::ptr::eq(x, d)));
+                        }
+                        super::index::BindingLink::Unresolved => prop_assert!(live.is_none() && dead.is_none()),
+                    }
                 }
             }
         }
@@ -779,9 +781,14 @@ proptest! {
         policy in a_policy(),
     ) {
         let all = decide(&obs, &rs, now(), &policy);
-        for (r, v) in rs.iter().zip(&all) {
+        // The same reservations on two threads (each container judged on
+        // the thread its ID hashes to), whatever their number.
+        let on_two = super::decide::decide_on(&obs, &rs, now(), &policy, true);
+        prop_assert_eq!(on_two.len(), rs.len());
+        for ((r, v), v2) in rs.iter().zip(&all).zip(&on_two) {
             let expected = super::reference::decide_one(&obs, r, now(), &policy);
             prop_assert_eq!(v, &expected);
+            prop_assert_eq!(v2, &expected);
             prop_assert_eq!(&decide_one(&obs, r, now(), &policy), &expected);
         }
     }
