@@ -210,17 +210,39 @@ mod tests {
         scan.reservations.pop().unwrap()
     }
 
+    /// One reservation under `tmp`, and the file the release acts on.
+    fn reservation_and_file(tmp: &Path) -> (crate::ipam::Reservation, crate::release::hostlocal::ReservationFile) {
+        let data = tmp.join("networks");
+        let r = reservation(&data);
+        let file = reservation_file(&r, std::slice::from_ref(&data)).unwrap();
+        (r, file)
+    }
+
+    /// A journal under `tmp` and an orphaned verdict of `r`.
+    fn journal_and_verdict(
+        tmp: &Path,
+        r: &crate::ipam::Reservation,
+    ) -> (crate::release::Journal, crate::engine::Verdict) {
+        let journal = crate::release::Journal::open(&tmp.join("state")).unwrap();
+        (journal, crate::engine::Verdict::new(r, crate::engine::Status::Orphaned, Vec::new()))
+    }
+
+    /// The release of `r` alone, no last look, its store changes behind `durable`.
+    fn release_alone(
+        r: &crate::ipam::Reservation,
+        file: &crate::release::hostlocal::ReservationFile,
+        durable: &Durable,
+    ) -> Vec<(Outcome, crate::release::outcome::ReleaseTimings)> {
+        release_group(&file.network_dir, &[(r, file)], &mut NoLook, Duration::from_secs(1), false, durable)
+    }
+
     #[test]
     fn no_unlink_when_the_intents_could_not_be_synced() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("networks");
-        let r = reservation(&data);
-        let file = reservation_file(&r, std::slice::from_ref(&data)).unwrap();
+        let (r, file) = reservation_and_file(tmp.path());
         let durable = Durable::pending();
         let (outcomes, synced) = std::thread::scope(|scope| {
-            let acting = scope.spawn(|| {
-                release_group(&file.network_dir, &[(&r, &file)], &mut NoLook, Duration::from_secs(1), false, &durable)
-            });
+            let acting = scope.spawn(|| release_alone(&r, &file, &durable));
             let synced = durable.sync(&UnsyncedIntents::failing());
             (acting.join().unwrap(), synced)
         });
@@ -236,17 +258,12 @@ mod tests {
     #[test]
     fn the_unlink_waits_for_the_intents_then_goes_ahead() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("networks");
-        let r = reservation(&data);
-        let file = reservation_file(&r, std::slice::from_ref(&data)).unwrap();
-        let mut journal = crate::release::Journal::open(&tmp.path().join("state")).unwrap();
-        let verdict = crate::engine::Verdict::new(&r, crate::engine::Status::Orphaned, Vec::new());
+        let (r, file) = reservation_and_file(tmp.path());
+        let (mut journal, verdict) = journal_and_verdict(tmp.path(), &r);
         let (_, unsynced) = journal.write_intents(&[&verdict], false).unwrap();
         let durable = Durable::pending();
         let outcomes = std::thread::scope(|scope| {
-            let acting = scope.spawn(|| {
-                release_group(&file.network_dir, &[(&r, &file)], &mut NoLook, Duration::from_secs(1), false, &durable)
-            });
+            let acting = scope.spawn(|| release_alone(&r, &file, &durable));
             // Not synced yet: the unlink is held.
             std::thread::sleep(Duration::from_millis(100));
             assert!(r.path.exists(), "unlinked before the intents were synced");
@@ -261,11 +278,8 @@ mod tests {
     #[test]
     fn intents_synced_beside_let_the_unlink_go_ahead() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("networks");
-        let r = reservation(&data);
-        let file = reservation_file(&r, std::slice::from_ref(&data)).unwrap();
-        let mut journal = crate::release::Journal::open(&tmp.path().join("state")).unwrap();
-        let verdict = crate::engine::Verdict::new(&r, crate::engine::Status::Orphaned, Vec::new());
+        let (r, file) = reservation_and_file(tmp.path());
+        let (mut journal, verdict) = journal_and_verdict(tmp.path(), &r);
         // Twice: the second batch is synced by the same thread, woken.
         for _ in 0..2 {
             let (_, unsynced) = journal.write_intents(&[&verdict], true).unwrap();
@@ -277,8 +291,7 @@ mod tests {
         let (_, unsynced) = journal.write_intents(&[&verdict], false).unwrap();
         let durable = Arc::new(Durable::pending());
         let syncing = sync_beside(&durable, unsynced);
-        let outcomes =
-            release_group(&file.network_dir, &[(&r, &file)], &mut NoLook, Duration::from_secs(1), false, &durable);
+        let outcomes = release_alone(&r, &file, &durable);
         syncing.result().unwrap();
         assert!(outcomes[0].0.released(), "{}", outcomes[0].0);
         assert!(!r.path.exists());
@@ -287,13 +300,10 @@ mod tests {
     #[test]
     fn no_unlink_when_the_intents_synced_beside_failed() {
         let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("networks");
-        let r = reservation(&data);
-        let file = reservation_file(&r, std::slice::from_ref(&data)).unwrap();
+        let (r, file) = reservation_and_file(tmp.path());
         let durable = Arc::new(Durable::pending());
         let syncing = sync_beside(&durable, UnsyncedIntents::failing());
-        let outcomes =
-            release_group(&file.network_dir, &[(&r, &file)], &mut NoLook, Duration::from_secs(1), false, &durable);
+        let outcomes = release_alone(&r, &file, &durable);
         let [(outcome, _)] = outcomes.as_slice() else { panic!("one outcome: {outcomes:?}") };
         assert!(
             matches!(outcome, Outcome::Failed { error } if error.contains("not durable")),
