@@ -12,6 +12,8 @@ pub mod scan_report;
 pub mod verdict;
 
 #[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
 mod reference;
 #[cfg(test)]
 mod tests;

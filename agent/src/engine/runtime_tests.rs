@@ -3,9 +3,8 @@
 
 use std::{
     collections::BTreeMap,
-    net::IpAddr,
     path::PathBuf,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
 use proptest::prelude::*;
@@ -13,38 +12,12 @@ use proptest::prelude::*;
 use super::*;
 use crate::{
     engine::{
-        Binding, BindingSource, CniOp, DeadNetns, LiveNetns, Policy, Status, Verdict, decide_one,
+        Binding, BindingSource, CniOp, LiveNetns, Policy, Status, Verdict, decide_one,
+        fixtures::{Alphabet, NOW_SECS, ip, now, res, t},
         observations::NetnsName,
     },
-    ipam::{Reservation, ReservationData, StoreRef},
+    ipam::Reservation,
 };
-
-fn t(secs: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
-}
-
-const NOW_SECS: u64 = 10_000;
-
-fn now() -> SystemTime {
-    t(NOW_SECS)
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
-    Reservation::from(ReservationData {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
-        network: "net1".into(),
-        ip: ip(addr),
-        container_id: cid.into(),
-        ifname: Some("eth0".into()),
-        created_at: created,
-        path: format!("/var/lib/cni/networks/net1/{addr}").into(),
-        inode: 1,
-    })
-}
 
 fn pod(name: &str) -> PodRef {
     PodRef { namespace: "default".into(), name: name.into(), uid: format!("uid-{name}") }
@@ -224,54 +197,24 @@ fn runtime_facts_round_trip_through_json() {
 
 // ---- properties ----
 
+fn alphabet() -> Alphabet {
+    Alphabet {
+        cids: &["c1", "c2", "c3"],
+        ips: &["10.0.0.1", "10.0.0.2", "10.0.0.3"],
+        paths: &["/run/netns/a", "/var/run/netns/a", "/run/netns/b"],
+        times: a_time().boxed(),
+        netns_ids: (1u64..4, prop::option::of(0i32..3))
+            .prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
+            .boxed(),
+        sources: &[BindingSource::CniExec],
+        most: 2,
+    }
+}
 fn a_cid() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["c1", "c2", "c3"]).prop_map(str::to_owned)
-}
-fn an_ip() -> impl Strategy<Value = IpAddr> {
-    prop::sample::select(vec!["10.0.0.1", "10.0.0.2", "10.0.0.3"]).prop_map(|s| s.parse().unwrap())
-}
-fn a_path() -> impl Strategy<Value = PathBuf> {
-    prop::sample::select(vec!["/run/netns/a", "/var/run/netns/a", "/run/netns/b"]).prop_map(PathBuf::from)
+    alphabet().cid()
 }
 fn a_time() -> impl Strategy<Value = SystemTime> {
     (0u64..=NOW_SECS + 5).prop_map(t)
-}
-fn a_netns_id() -> impl Strategy<Value = NetnsId> {
-    (1u64..4, prop::option::of(0i32..3)).prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
-}
-fn a_live() -> impl Strategy<Value = LiveNetns> {
-    (
-        a_netns_id(),
-        prop::collection::vec(a_cid(), 0..2),
-        prop::collection::vec(an_ip(), 0..2),
-        prop::collection::vec(a_path(), 0..2),
-    )
-        .prop_map(|(id, container_ids, addresses, paths)| LiveNetns { id, container_ids, addresses, paths })
-}
-fn a_dead() -> impl Strategy<Value = DeadNetns> {
-    (
-        a_netns_id(),
-        a_time(),
-        prop::collection::vec(a_cid(), 0..2),
-        prop::collection::vec(an_ip(), 0..2),
-        prop::collection::vec(a_path(), 0..2),
-    )
-        .prop_map(|(id, died_at, container_ids, addresses, paths)| DeadNetns {
-            id,
-            died_at,
-            container_ids,
-            addresses,
-            paths,
-        })
-}
-fn a_binding() -> impl Strategy<Value = Binding> {
-    let netns = prop_oneof![a_netns_id().prop_map(NetnsName::Id), a_path().prop_map(NetnsName::Path)];
-    (a_cid(), netns, a_time()).prop_map(|(container_id, netns, seen_at)| Binding {
-        container_id,
-        netns,
-        source: BindingSource::CniExec,
-        seen_at,
-    })
 }
 fn an_op() -> impl Strategy<Value = CniOp> {
     (prop::option::of(a_cid()), a_time(), prop::option::of(a_time())).prop_map(
@@ -288,9 +231,9 @@ fn an_op() -> impl Strategy<Value = CniOp> {
 }
 fn kernel_observations() -> impl Strategy<Value = Observations> {
     (
-        prop::collection::vec(a_live(), 0..3),
-        prop::collection::vec(a_dead(), 0..3),
-        prop::collection::vec(a_binding(), 0..3),
+        prop::collection::vec(alphabet().live(), 0..3),
+        prop::collection::vec(alphabet().dead(), 0..3),
+        prop::collection::vec(alphabet().binding(), 0..3),
         prop::collection::vec(an_op(), 0..2),
         prop::option::of(a_time()),
     )
@@ -307,7 +250,7 @@ fn a_state() -> impl Strategy<Value = SandboxState> {
     prop_oneof![Just(SandboxState::Ready), Just(SandboxState::NotReady)]
 }
 fn a_sandbox() -> impl Strategy<Value = RuntimeSandbox> {
-    (a_cid(), a_state(), prop::option::of(a_path()), prop::option::of(any::<bool>())).prop_map(
+    (a_cid(), a_state(), prop::option::of(alphabet().path()), prop::option::of(any::<bool>())).prop_map(
         |(id, state, netns, netns_closed)| RuntimeSandbox {
             pod: Some(PodRef { namespace: "ns".into(), name: format!("p-{id}"), uid: String::new() }),
             id,
@@ -326,7 +269,7 @@ fn a_view() -> impl Strategy<Value = RuntimeView> {
         .prop_map(|(sandboxes, listed_at, networks)| RuntimeView { networks, ..view(sandboxes, listed_at) })
 }
 fn a_reservation() -> impl Strategy<Value = Reservation> {
-    (a_cid(), an_ip(), a_time()).prop_map(|(cid, ip, created)| {
+    (a_cid(), alphabet().ip(), a_time()).prop_map(|(cid, ip, created)| {
         let mut r = res(&cid, "10.0.0.1", created);
         r.ip = ip;
         r

@@ -3,41 +3,16 @@
 use std::{
     net::IpAddr,
     path::PathBuf,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime},
 };
 
 use proptest::prelude::*;
 
-use super::*;
-use crate::ipam::{Reservation, ReservationData, StoreRef, StoreScan};
-
-fn t(secs: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
-}
-
-/// "Now" in every test; reservations made at t(0) are 10 000 s old.
-const NOW_SECS: u64 = 10_000;
-
-fn now() -> SystemTime {
-    t(NOW_SECS)
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn res(cid: &str, addr: &str, created: SystemTime) -> Reservation {
-    Reservation::from(ReservationData {
-        store: StoreRef::HostLocal { data_dir: "/var/lib/cni/networks".into() }.into(),
-        network: "net1".into(),
-        ip: ip(addr),
-        container_id: cid.into(),
-        ifname: Some("eth0".into()),
-        created_at: created,
-        path: format!("/var/lib/cni/networks/net1/{addr}").into(),
-        inode: 1,
-    })
-}
+use super::{
+    fixtures::{Alphabet, NOW_SECS, ip, now, res, t},
+    *,
+};
+use crate::ipam::{Reservation, StoreScan};
 
 fn id(inode: u64, nsid: i32) -> NetnsId {
     NetnsId::new(Some(inode), Some(nsid), None)
@@ -438,62 +413,37 @@ fn report_totals_per_network() {
 
 // ---- properties ----
 
-const CIDS: [&str; 3] = ["c0", "c1", "c2"];
-const IPS: [&str; 3] = ["10.0.0.1", "10.0.0.2", "fd00::1"];
-const PATHS: [&str; 4] = ["/run/netns/a", "/var/run/netns/a", "/run/netns/b", "/proc/9/ns/net"];
-
+fn alphabet() -> Alphabet {
+    Alphabet {
+        cids: &["c0", "c1", "c2"],
+        ips: &["10.0.0.1", "10.0.0.2", "fd00::1"],
+        paths: &["/run/netns/a", "/var/run/netns/a", "/run/netns/b", "/proc/9/ns/net"],
+        // Times around "now", some in the future.
+        times: (0..NOW_SECS + 100).prop_map(t).boxed(),
+        netns_ids: (1u64..4, prop::option::of(0i32..2))
+            .prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
+            .boxed(),
+        sources: &[BindingSource::CniExec, BindingSource::CniCache, BindingSource::Runtime],
+        most: 3,
+    }
+}
 fn a_cid() -> impl Strategy<Value = String> {
-    prop::sample::select(CIDS.as_slice()).prop_map(str::to_owned)
+    alphabet().cid()
 }
 fn an_ip() -> impl Strategy<Value = IpAddr> {
-    prop::sample::select(IPS.as_slice()).prop_map(ip)
+    alphabet().ip()
 }
 fn a_path() -> impl Strategy<Value = PathBuf> {
-    prop::sample::select(PATHS.as_slice()).prop_map(PathBuf::from)
+    alphabet().path()
 }
-/// Times around "now", some in the future.
 fn a_time() -> impl Strategy<Value = SystemTime> {
-    (0..NOW_SECS + 100).prop_map(t)
-}
-fn a_netns_id() -> impl Strategy<Value = NetnsId> {
-    (1u64..4, prop::option::of(0i32..2)).prop_map(|(inode, nsid)| NetnsId::new(Some(inode), nsid, None))
+    alphabet().time()
 }
 fn a_netns_ref() -> impl Strategy<Value = NetnsName> {
-    prop_oneof![a_netns_id().prop_map(NetnsName::Id), a_path().prop_map(NetnsName::Path)]
+    alphabet().netns_name()
 }
 fn a_live() -> impl Strategy<Value = LiveNetns> {
-    (
-        a_netns_id(),
-        prop::collection::vec(a_cid(), 0..3),
-        prop::collection::vec(an_ip(), 0..3),
-        prop::collection::vec(a_path(), 0..2),
-    )
-        .prop_map(|(id, container_ids, addresses, paths)| LiveNetns { id, container_ids, addresses, paths })
-}
-fn a_dead() -> impl Strategy<Value = DeadNetns> {
-    (
-        a_netns_id(),
-        a_time(),
-        prop::collection::vec(a_cid(), 0..3),
-        prop::collection::vec(an_ip(), 0..3),
-        prop::collection::vec(a_path(), 0..2),
-    )
-        .prop_map(|(id, died_at, container_ids, addresses, paths)| DeadNetns {
-            id,
-            died_at,
-            container_ids,
-            addresses,
-            paths,
-        })
-}
-fn a_binding() -> impl Strategy<Value = Binding> {
-    let source = prop::sample::select(vec![BindingSource::CniExec, BindingSource::CniCache, BindingSource::Runtime]);
-    (a_cid(), a_netns_ref(), source, a_time()).prop_map(|(container_id, netns, source, seen_at)| Binding {
-        container_id,
-        netns,
-        source,
-        seen_at,
-    })
+    alphabet().live()
 }
 fn an_op() -> impl Strategy<Value = CniOp> {
     (prop::option::of(a_cid()), any::<bool>(), a_time(), prop::option::of(a_time()), prop::option::of(-1i32..3))
@@ -519,8 +469,8 @@ fn a_pod() -> impl Strategy<Value = ApiPod> {
 fn observations() -> impl Strategy<Value = Observations> {
     (
         prop::collection::vec(a_live(), 0..3),
-        prop::collection::vec(a_dead(), 0..4),
-        prop::collection::vec(a_binding(), 0..4),
+        prop::collection::vec(alphabet().dead(), 0..4),
+        prop::collection::vec(alphabet().binding(), 0..4),
         prop::collection::vec(an_op(), 0..3),
         prop::option::of(prop::collection::vec(a_cid(), 0..2)),
         prop::option::of(prop::collection::vec(a_pod(), 0..2)),
@@ -746,7 +696,7 @@ fn observations_with_pending_pods() -> impl Strategy<Value = Observations> {
         observations(),
         prop::collection::vec((any::<bool>(), prop::collection::vec(a_cid(), 0..2)), 2),
         prop::collection::vec(an_op(), 0..6),
-        prop::collection::vec(a_binding(), 0..4),
+        prop::collection::vec(alphabet().binding(), 0..4),
     )
         .prop_map(|(mut obs, named, ops, bindings)| {
             for (pod, (pending, cids)) in obs.api_pods.iter_mut().flatten().zip(named) {

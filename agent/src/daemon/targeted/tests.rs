@@ -1,89 +1,32 @@
-use std::{
-    collections::HashMap,
-    time::{Duration, UNIX_EPOCH},
-};
+use std::{collections::HashMap, time::Duration};
 
 use proptest::prelude::*;
 
 use super::*;
-use crate::{
-    engine::{Binding, BindingSource, CniOp, DeadNetns, Fact, LiveNetns, Observations, Policy, Status, decide},
-    ipam::{ReservationData, StoreRef},
+use crate::engine::{
+    Binding, BindingSource, CniOp, Fact, Observations, Policy, Status, decide,
+    fixtures::{Alphabet, now, res, t},
 };
 
-fn t(secs: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
-}
-
-const NOW: u64 = 10_000;
-
-fn reservation(cid: &str, ip: IpAddr, created: SystemTime) -> Reservation {
-    Reservation::from(ReservationData {
-        store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
-        network: "net1".into(),
-        ip,
-        container_id: cid.into(),
-        ifname: Some("eth0".into()),
-        created_at: created,
-        path: format!("/d/net1/{ip}").into(),
-        inode: 1,
-    })
-}
-
 // Small alphabets, so containers, IPs, netns and paths meet often.
-fn a_cid() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["c1", "c2", "c3", "c4"]).prop_map(str::to_owned)
+fn alphabet() -> Alphabet {
+    Alphabet {
+        cids: &["c1", "c2", "c3", "c4"],
+        ips: &["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"],
+        paths: &["/run/netns/a", "/var/run/netns/a", "/run/netns/b", "/run/netns/c"],
+        times: a_time().boxed(),
+        netns_ids: (prop::option::of(1u64..4), prop::option::of(1i32..3), prop::option::of(a_time()))
+            .prop_map(|(inode, nsid, seen)| NetnsId::new(inode, nsid, seen))
+            .boxed(),
+        sources: &[BindingSource::CniExec, BindingSource::CniCache],
+        most: 2,
+    }
 }
-fn an_ip() -> impl Strategy<Value = IpAddr> {
-    (1u8..6).prop_map(|n| IpAddr::from([10, 0, 0, n]))
+fn a_cid() -> impl Strategy<Value = String> {
+    alphabet().cid()
 }
 fn a_time() -> impl Strategy<Value = SystemTime> {
     prop::sample::select(vec![0u64, 100, 5_000, 9_000, 9_990, 10_000]).prop_map(t)
-}
-fn a_path() -> impl Strategy<Value = PathBuf> {
-    prop::sample::select(vec!["/run/netns/a", "/var/run/netns/a", "/run/netns/b", "/run/netns/c"])
-        .prop_map(PathBuf::from)
-}
-fn a_netns_id() -> impl Strategy<Value = NetnsId> {
-    (prop::option::of(1u64..4), prop::option::of(1i32..3), prop::option::of(a_time()))
-        .prop_map(|(inode, nsid, seen)| NetnsId::new(inode, nsid, seen))
-}
-fn a_netns_name() -> impl Strategy<Value = NetnsName> {
-    prop_oneof![a_netns_id().prop_map(NetnsName::Id), a_path().prop_map(NetnsName::Path)]
-}
-fn a_live() -> impl Strategy<Value = LiveNetns> {
-    (
-        a_netns_id(),
-        prop::collection::vec(a_cid(), 0..2),
-        prop::collection::vec(an_ip(), 0..2),
-        prop::collection::vec(a_path(), 0..2),
-    )
-        .prop_map(|(id, container_ids, addresses, paths)| LiveNetns { id, container_ids, addresses, paths })
-}
-fn a_dead() -> impl Strategy<Value = DeadNetns> {
-    (
-        a_netns_id(),
-        a_time(),
-        prop::collection::vec(a_cid(), 0..2),
-        prop::collection::vec(an_ip(), 0..2),
-        prop::collection::vec(a_path(), 0..2),
-    )
-        .prop_map(|(id, died_at, container_ids, addresses, paths)| DeadNetns {
-            id,
-            died_at,
-            container_ids,
-            addresses,
-            paths,
-        })
-}
-fn a_binding() -> impl Strategy<Value = Binding> {
-    let source = prop::sample::select(vec![BindingSource::CniExec, BindingSource::CniCache]);
-    (a_cid(), a_netns_name(), source, a_time()).prop_map(|(container_id, netns, source, seen_at)| Binding {
-        container_id,
-        netns,
-        source,
-        seen_at,
-    })
 }
 fn an_op() -> impl Strategy<Value = CniOp> {
     (prop::option::of(a_cid()), a_time(), prop::option::of(a_time())).prop_map(
@@ -100,9 +43,9 @@ fn an_op() -> impl Strategy<Value = CniOp> {
 }
 fn observations() -> impl Strategy<Value = Observations> {
     (
-        prop::collection::vec(a_live(), 0..3),
-        prop::collection::vec(a_dead(), 1..4),
-        prop::collection::vec(a_binding(), 0..5),
+        prop::collection::vec(alphabet().live(), 0..3),
+        prop::collection::vec(alphabet().dead(), 1..4),
+        prop::collection::vec(alphabet().binding(), 0..5),
         prop::collection::vec(an_op(), 0..2),
         prop::option::of(a_time()),
     )
@@ -119,10 +62,10 @@ fn observations() -> impl Strategy<Value = Observations> {
 }
 /// Reservations with distinct files (one per IP, as host-local has it).
 fn reservations() -> impl Strategy<Value = Vec<Reservation>> {
-    prop::collection::vec((an_ip(), a_cid(), a_time()), 0..6).prop_map(|rs| {
+    prop::collection::vec((alphabet().ip(), a_cid(), a_time()), 0..6).prop_map(|rs| {
         let mut by_ip = HashMap::new();
         for (ip, cid, created) in rs {
-            by_ip.entry(ip).or_insert_with(|| reservation(&cid, ip, created));
+            by_ip.entry(ip).or_insert_with(|| res(&cid, &ip.to_string(), created));
         }
         by_ip.into_values().collect()
     })
@@ -160,7 +103,7 @@ proptest! {
         which in 0usize..4,
         policy in a_policy(),
     ) {
-        let now = t(NOW);
+        let now = now();
         let dead = &obs.dead[which % obs.dead.len()];
         let known = Known::new(&all, t(0));
         let (containers, ips) = concerned_keys(&obs, &[key_of(dead)]);
@@ -211,15 +154,15 @@ fn a_death_concerns_its_containers_and_addresses_only() {
         }],
         ..Observations::default()
     };
-    let c1 = reservation("c1", IpAddr::from([10, 0, 0, 2]), t(10));
-    let c2 = reservation("c2", IpAddr::from([10, 0, 0, 3]), t(10));
-    let by_ip = reservation("c3", IpAddr::from([10, 0, 0, 9]), t(10));
+    let c1 = res("c1", "10.0.0.2", t(10));
+    let c2 = res("c2", "10.0.0.3", t(10));
+    let by_ip = res("c3", "10.0.0.9", t(10));
     let known = Known::new(&[c1.clone(), c2, by_ip.clone()], t(20));
     let key = DeathKey { id: died, paths: Vec::new(), addresses: Vec::new() };
     let (containers, ips) = concerned_keys(&obs, &[key]);
     let judged = candidates(&known, &containers, &ips);
     assert_eq!(judged, vec![c1, by_ip]);
-    let v = decide(&obs, &judged, t(NOW), &Policy::default());
+    let v = decide(&obs, &judged, now(), &Policy::default());
     assert_eq!(v[0].status, Status::Orphaned, "{}", v[0].summary());
 }
 
@@ -266,7 +209,7 @@ fn reread_takes_the_files_as_they_are_now() {
     let net = tmp.path().join("net1");
     std::fs::create_dir(&net).unwrap();
     let file = |ip: &str, cid: &str| {
-        let mut r = reservation(cid, ip.parse().unwrap(), t(0));
+        let mut r = res(cid, ip, t(0));
         r.path = net.join(ip);
         r
     };
