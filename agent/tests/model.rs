@@ -63,6 +63,19 @@ impl NamedNetns {
     fn delete(&self) {
         ip(&["netns", "del", &self.name]);
     }
+
+    /// A veth pair with both ends in this netns; the first end's name.
+    fn add_veth(&self) -> String {
+        let t = unique("nrm");
+        let (first, peer) = (format!("{t}a"), format!("{t}b"));
+        ip(&["-n", &self.name, "link", "add", &first, "type", "veth", "peer", "name", &peer]);
+        first
+    }
+
+    /// `ip addr add` on `dev` in this netns (`extra`: e.g. `nodad`).
+    fn add_addr(&self, dev: &str, cidr: &str, extra: &[&str]) {
+        ip(&[&["-n", &self.name, "addr", "add", cidr, "dev", dev][..], extra].concat());
+    }
 }
 
 impl Drop for NamedNetns {
@@ -296,12 +309,11 @@ fn a_deleted_netns_is_seen_dead_promptly_with_the_addresses_it_held() {
     runtime().block_on(async {
         let (watcher, mut deaths) = Watcher::start(config()).await.expect("model starts");
         let a = NamedNetns::new();
-        let t = unique("nrm");
         let (x, y) = octets();
         let (v4, v6) = (format!("10.78.{x}.{y}"), format!("fd00:78:{x}::{y}"));
-        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
-        ip(&["-n", &a.name, "addr", "add", &format!("{v4}/24"), "dev", &format!("{t}a")]);
-        ip(&["-n", &a.name, "addr", "add", &format!("{v6}/64"), "dev", &format!("{t}a"), "nodad"]);
+        let veth = a.add_veth();
+        a.add_addr(&veth, &format!("{v4}/24"), &[]);
+        a.add_addr(&veth, &format!("{v6}/64"), &["nodad"]);
         let want = set(&[(&v4, 24), (&v6, 64)]);
         wait_for(&watcher, "the netns and its addresses", WAIT, |s| {
             s.live_by_inode(a.inode).filter(|n| addresses(n) == want).map(|_| ())
@@ -341,11 +353,10 @@ fn a_resting_model_reads_what_is_queued_for_a_snapshot_and_hears_a_death_at_once
         let config = WatcherConfig { rest: Duration::from_hours(1), ..config() };
         let (watcher, mut deaths) = Watcher::start(config).await.expect("model starts");
         let a = NamedNetns::new();
-        let t = unique("nrm");
         let (x, y) = octets();
         let (first, second) = (format!("10.79.{x}.{y}"), format!("10.79.{x}.{}", y.wrapping_add(1)));
-        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
-        ip(&["-n", &a.name, "addr", "add", &format!("{first}/24"), "dev", &format!("{t}a")]);
+        let veth = a.add_veth();
+        a.add_addr(&veth, &format!("{first}/24"), &[]);
         wait_for(&watcher, "the netns and its address", WAIT, |s| {
             s.live_by_inode(a.inode).filter(|n| addresses(n) == set(&[(&first, 24)])).map(|_| ())
         })
@@ -354,7 +365,7 @@ fn a_resting_model_reads_what_is_queued_for_a_snapshot_and_hears_a_death_at_once
         // Its notification is queued before `ip` returns (and the model
         // task does not run meanwhile: `ip` blocks this thread). One
         // snapshot, no polling.
-        ip(&["-n", &a.name, "addr", "add", &format!("{second}/24"), "dev", &format!("{t}a")]);
+        a.add_addr(&veth, &format!("{second}/24"), &[]);
         let s = watcher.snapshot().await.expect("snapshot");
         let n = s.live_by_inode(a.inode).expect("the netns in the model");
         assert_eq!(addresses(n), set(&[(&first, 24), (&second, 24)]), "the snapshot missed a queued notification");
@@ -387,14 +398,13 @@ fn a_resting_model_finds_a_new_bind_mount_on_its_turns() {
         // A notification read (a veth in a netns of its own) puts the
         // socket to rest.
         let a = NamedNetns::new();
-        let t = unique("nrm");
-        ip(&["-n", &a.name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
+        let veth = a.add_veth();
         wait_for(&watcher, "the first netns and its veth", WAIT, |s| {
             s.live_by_inode(a.inode).filter(|n| !n.bind_mounts.is_empty() && !n.interfaces.is_empty()).map(|_| ())
         })
         .await;
         // The veth's notices are all read: a snapshot reads what is queued.
-        ip(&["-n", &a.name, "link", "set", &format!("{t}a"), "up"]);
+        ip(&["-n", &a.name, "link", "set", &veth, "up"]);
         watcher.snapshot().await.expect("snapshot");
 
         let b = NamedNetns::new();
@@ -512,11 +522,10 @@ fn a_model_started_after_the_namespaces_finds_them_all() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let named: Vec<NamedNetns> = (0..3).map(|_| NamedNetns::new()).collect();
-    let t = unique("nrm");
     let (x, y) = octets();
     let v4 = format!("10.79.{x}.{y}");
-    ip(&["-n", &named[0].name, "link", "add", &format!("{t}a"), "type", "veth", "peer", "name", &format!("{t}b")]);
-    ip(&["-n", &named[0].name, "addr", "add", &format!("{v4}/24"), "dev", &format!("{t}a")]);
+    let veth = named[0].add_veth();
+    named[0].add_addr(&veth, &format!("{v4}/24"), &[]);
     let holder = Child::in_new_netns();
     let held = holder.netns_inode(own_inode());
     runtime().block_on(async {
