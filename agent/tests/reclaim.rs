@@ -182,13 +182,14 @@ fn the_death_of_a_netns_known_by_nsid_alone_names_its_container() {
         added.expect("ADD");
         assert!(deleted, "delete netns {name}");
         let released = wait_until(RELEASE_BOUND, || lab.reservations("hidden").is_empty());
-        let events = agent.events();
-        let died: Vec<_> = events.iter().filter(|e| e["event"] == "netns_died").collect();
-        let ours: Vec<_> = died
-            .iter()
-            .filter(|e| e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == container_id.as_str())))
-            .collect();
-        assert_eq!(ours.len(), 1, "no death names {container_id}: {died:#?}");
+        // The death is streamed once its release has been handed off.
+        let names_ours = |e: &serde_json::Value| {
+            e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == container_id.as_str()))
+        };
+        wait_until(Duration::from_secs(2), || agent.events_named("netns_died").iter().any(names_ours));
+        let died = agent.events_named("netns_died");
+        let ours: Vec<_> = died.iter().filter(|e| names_ours(e)).collect();
+        assert_eq!(ours.len(), 1, "one death names {container_id}: {died:#?}");
         assert!(ours[0]["netns_inode"].is_null(), "known by nsid alone: {:#?}", ours[0]);
         assert!(released.is_some(), "not released; verdicts: {:#?}", agent.events_named("verdict_changed"));
     });
