@@ -122,7 +122,13 @@ impl<'scope> PrivateMounts<'scope> {
             assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0, "unshare the mount namespace");
             // SAFETY: NUL-terminated strings, null where mount(2) allows it.
             let private = unsafe {
-                libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null())
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
             };
             assert_eq!(private, 0, "make the mounts private");
             for job in rx {

@@ -349,8 +349,7 @@ fn containers_walked(
     life: &Life,
     bind_mounts: &[PathBuf],
 ) -> Vec<String> {
-    let mut ids: Vec<String> =
-        ledger.attachments().filter(|a| life.names(a)).map(|a| a.container_id.clone()).collect();
+    let mut ids: Vec<String> = ledger.attachments().filter(|a| life.names(a)).map(|a| a.container_id.clone()).collect();
     for entry in cache {
         if entry.netns.as_deref().is_some_and(|p| bind_mounts.iter().any(|m| same_netns_path(m, Path::new(p)))) {
             ids.push(entry.container_id.clone());
