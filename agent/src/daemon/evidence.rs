@@ -1139,7 +1139,7 @@ mod tests {
         });
     }
 
-    /// A snapshot of these netns.
+    /// A snapshot of this one netns.
     fn snapshot_with(view: NetnsView) -> ModelSnapshot {
         ModelSnapshot {
             taken_at: t(40),
