@@ -97,13 +97,108 @@ fn netns_deleted_without_del_is_released() {
     let position = |what: &str, of: &dyn Fn(&serde_json::Value) -> bool| {
         events.iter().position(|e| e["event"] == what && of(e)).unwrap_or_else(|| panic!("no {what}: {events:#?}"))
     };
-    // The only netns that dies here is the pod's. Its event may not name
-    // the container: a netns the model knew only by nsid (deleted before
-    // the mount table was read) is matched to bindings by inode there.
-    let died = position("netns_died", &|_| true);
+    // The pod's death names its container, also when the model knew its
+    // netns by nsid alone (deleted before the mount table was read).
+    let died = position("netns_died", &|e| e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == cid)));
     let orphaned = position("verdict_changed", &|e| e["container_id"] == cid && e["to"] == "orphaned");
     let release = position("release", &|e| e["container_id"] == cid);
     assert!(died < release && orphaned < release, "out of order: {events:#?}");
+}
+
+/// Runs jobs on a thread of its own mount namespace (private, made when the
+/// thread starts): what it spawns (`ip`, the CNI plugins) mounts there, out
+/// of the agent's sight, like a runtime whose netns mounts live in a mount
+/// namespace the agent does not read.
+struct PrivateMounts<'scope> {
+    jobs: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send + 'scope>>,
+}
+
+impl<'scope> PrivateMounts<'scope> {
+    fn start<'env>(scope: &'scope std::thread::Scope<'scope, 'env>) -> Self {
+        let (jobs, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send + 'scope>>();
+        scope.spawn(move || {
+            // SAFETY: unshare(2) of this thread's mount namespace (and its
+            // fs attributes); no pointer is passed.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNS) }, 0, "unshare the mount namespace");
+            // SAFETY: NUL-terminated strings, null where mount(2) allows it.
+            let private = unsafe {
+                libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(private, 0, "make the mounts private");
+            for job in rx {
+                job();
+            }
+        });
+        Self { jobs }
+    }
+
+    /// Runs `f` on the thread and returns what it returns.
+    fn run<T: Send + 'scope>(&self, f: impl FnOnce() -> T + Send + 'scope) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.jobs.send(Box::new(move || tx.send(f()).expect("answer"))).expect("thread alive");
+        rx.recv().expect("job done")
+    }
+}
+
+fn ip_ok(args: &[&str]) -> bool {
+    std::process::Command::new("ip").args(args).status().is_ok_and(|s| s.success())
+}
+
+/// A netns the agent never sees mounted (nor any process in it) is known to
+/// its model by the nsid the ledger gave it at the CNI run alone. When it is
+/// deleted, the death names its container (and the reservation goes at
+/// once, on the kernel's word for that nsid).
+#[test]
+fn the_death_of_a_netns_known_by_nsid_alone_names_its_container() {
+    if !possible() {
+        return;
+    }
+    let _serial = serial();
+    let lab = Lab::new("10.247.9.0/29");
+    // IPAM only (host-local, which never enters the netns), held a second
+    // after the reservation so that the ledger resolves the plugin's netns
+    // through its root while it runs.
+    lab.set_delay("slow-ipam", 1);
+    let ipam = serde_json::json!({
+        "type": "host-local",
+        "dataDir": lab.data_dir,
+        "ranges": [[{ "subnet": lab.subnet }]]
+    });
+    let net = netreap::cnirt::Network {
+        name: "hidden".into(),
+        plugins: vec![serde_json::json!({ "type": "slow-ipam", "ipam": ipam })],
+    };
+    let name = support::unique("nrhid");
+    let path = std::path::PathBuf::from(format!("/run/netns/{name}"));
+    let container_id = format!("{}{}", support::unique("ctr"), "0".repeat(40));
+    let attachment = netreap::cnirt::Attachment { container_id: &container_id, netns: &path, ifname: "eth0" };
+    std::thread::scope(|scope| {
+        let hidden = PrivateMounts::start(scope);
+        // Made before the agent starts: no creation record to open it by.
+        assert!(hidden.run(|| ip_ok(&["netns", "add", &name])), "create netns {name}");
+        let agent = Agent::start(&lab, &[], &[]);
+        let added = hidden.run(|| lab.runtime.add(&net, &attachment));
+        let deleted = hidden.run(|| ip_ok(&["netns", "del", &name]));
+        added.expect("ADD");
+        assert!(deleted, "delete netns {name}");
+        let released = wait_until(RELEASE_BOUND, || lab.reservations("hidden").is_empty());
+        // The death is streamed once its release has been handed off.
+        let names_ours = |e: &serde_json::Value| {
+            e["container_ids"].as_array().is_some_and(|c| c.iter().any(|c| c == container_id.as_str()))
+        };
+        wait_until(Duration::from_secs(2), || agent.events_named("netns_died").iter().any(names_ours));
+        let died = agent.events_named("netns_died");
+        let ours: Vec<_> = died.iter().filter(|e| names_ours(e)).collect();
+        assert_eq!(ours.len(), 1, "one death names {container_id}: {died:#?}");
+        assert!(ours[0]["netns_inode"].is_null(), "known by nsid alone: {:#?}", ours[0]);
+        assert!(released.is_some(), "not released; verdicts: {:#?}", agent.events_named("verdict_changed"));
+    });
 }
 
 /// (b) containerd #12130: a chained plugin fails ADD and DEL; the runtime

@@ -26,31 +26,37 @@ use crate::{
 mod pass;
 pub(crate) use pass::PassIndex;
 
-/// Containers tied to each netns: by inode from the ledger, by path from the
-/// cache. Built once per observation, so a node with many pods stays linear.
-/// This is the one place where containers are joined to netns.
-struct ContainerIndex {
-    /// Ledger bindings by inode, dated by the CNI run that made them.
-    by_inode: HashMap<u64, Vec<(String, SystemTime)>>,
+/// Containers tied to each netns: by inode or nsid from the ledger, by path
+/// from the cache. Built once per observation, so a node with many pods
+/// stays linear. This is the one place where containers are joined to netns.
+struct ContainerIndex<'s> {
+    /// Ledger bindings a CNI run resolved, by inode, and by nsid when the
+    /// run got one (for an incarnation known by nsid alone).
+    by_inode: HashMap<u64, Vec<&'s Attachment>>,
+    by_nsid: HashMap<i32, Vec<&'s Attachment>>,
     /// Bindings restored from an earlier run, which name their incarnation.
-    pinned: Vec<(NetnsId, String)>,
+    pinned: Vec<&'s Attachment>,
     by_path: HashMap<PathBuf, Vec<String>>,
 }
 
-impl ContainerIndex {
+impl<'s> ContainerIndex<'s> {
     /// Over these attachments and cache entries (every one of the node's, or
     /// only some containers': then `containers_of` answers for those alone).
-    fn new<'s>(
+    fn new(
         attachments: impl Iterator<Item = &'s Attachment>,
         cache: impl Iterator<Item = &'s CachedAttachment>,
     ) -> Self {
-        let mut by_inode: HashMap<u64, Vec<(String, SystemTime)>> = HashMap::new();
+        let mut by_inode: HashMap<u64, Vec<&Attachment>> = HashMap::new();
+        let mut by_nsid: HashMap<i32, Vec<&Attachment>> = HashMap::new();
         let mut pinned = Vec::new();
         for a in attachments {
-            if let Some(id) = a.pinned {
-                pinned.push((id, a.container_id.clone()));
-            } else if let (Some(inode), Some(bound_at)) = (a.netns_inode, a.netns_bound_at) {
-                by_inode.entry(inode).or_default().push((a.container_id.clone(), bound_at));
+            if a.pinned.is_some() {
+                pinned.push(a);
+            } else if let (Some(inode), Some(_)) = (a.netns_inode, a.netns_bound_at) {
+                by_inode.entry(inode).or_default().push(a);
+                if let Some(nsid) = a.netns_nsid {
+                    by_nsid.entry(nsid).or_default().push(a);
+                }
             }
         }
         let mut by_path: HashMap<PathBuf, Vec<String>> = HashMap::new();
@@ -59,22 +65,26 @@ impl ContainerIndex {
                 by_path.entry(path_key(Path::new(path))).or_default().push(entry.container_id.clone());
             }
         }
-        Self { by_inode, pinned, by_path }
+        Self { by_inode, by_nsid, pinned, by_path }
     }
 
-    /// Containers of one incarnation: ledger bindings made while it held
-    /// its inode, and cache entries naming a path it was mounted at.
+    /// Containers of one incarnation: ledger bindings that name it
+    /// ([`Life::names`]), and cache entries naming a path it was mounted at.
     fn containers_of(&self, life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
-        let mut ids: Vec<String> = life
-            .id
-            .inode
-            .and_then(|i| self.by_inode.get(&i))
+        // The bindings `Life::names` may accept: filed under its inode, or
+        // (known by nsid alone) under its nsid.
+        let filed = match (life.id.inode, life.id.nsid) {
+            (Some(inode), _) => self.by_inode.get(&inode),
+            (None, Some(nsid)) => self.by_nsid.get(&nsid),
+            (None, None) => None,
+        };
+        let mut ids: Vec<String> = filed
             .into_iter()
             .flatten()
-            .filter(|(_, bound_at)| life.held_inode_at(*bound_at))
-            .map(|(cid, _)| cid.clone())
+            .chain(&self.pinned)
+            .filter(|a| life.names(a))
+            .map(|a| a.container_id.clone())
             .collect();
-        ids.extend(self.pinned.iter().filter(|(id, _)| id.may_be(&life.id)).map(|(_, cid)| cid.clone()));
         for mount in bind_mounts {
             ids.extend(self.by_path.get(&path_key(mount)).into_iter().flatten().cloned());
         }
@@ -107,6 +117,35 @@ impl Life {
     /// names both (a live one keeps).
     fn held_inode_at(&self, at: SystemTime) -> bool {
         self.first_seen <= at + DISCOVERY_SLACK && self.died_at.is_none_or(|d| d >= at)
+    }
+
+    /// Whether a CNI run that resolved its netns to `inode` (and `nsid`,
+    /// when it got one) at `bound_at` bound its container to this
+    /// incarnation, as [`Incarnations::at`] resolves such a binding: by
+    /// inode when the model knows this one's; one known by nsid alone, by
+    /// the run's nsid. Both are reused at once (the lowest free), so either
+    /// way only if this incarnation held them at `bound_at`. One with a
+    /// known inode is never matched by nsid: a run that resolved another
+    /// inode named another netns.
+    fn bound_by(&self, inode: u64, nsid: Option<i32>, bound_at: SystemTime) -> bool {
+        let same = match self.id.inode {
+            Some(known) => known == inode,
+            None => nsid.is_some() && nsid == self.id.nsid,
+        };
+        same && self.held_inode_at(bound_at)
+    }
+
+    /// Whether ledger attachment `a` binds its container to this
+    /// incarnation: pinned, by identity; otherwise [`Life::bound_by`] the
+    /// run that resolved it. The one rule every lookup of a netns's
+    /// containers applies (`containers_walked`, `ContainerIndex`,
+    /// `PassIndex::containers_of`).
+    fn names(&self, a: &Attachment) -> bool {
+        match (a.pinned, a.netns_inode, a.netns_bound_at) {
+            (Some(id), _, _) => id.may_be(&self.id),
+            (None, Some(inode), Some(bound_at)) => self.bound_by(inode, a.netns_nsid, bound_at),
+            (None, _, _) => false,
+        }
     }
 }
 
@@ -302,24 +341,15 @@ pub fn containers_of_death(
 }
 
 /// What `ContainerIndex::containers_of` answers for one incarnation, without
-/// indexing (and copying) every binding of the ledger: a walk that keeps the
-/// same attachments (pinned: by identity; otherwise: by inode, bound while
-/// this incarnation held it) and the same cache entries (by path).
+/// indexing every binding of the ledger: a walk that keeps the same
+/// attachments ([`Life::names`]) and the same cache entries (by path).
 fn containers_walked(
     ledger: &Ledger,
     cache: &[std::sync::Arc<CachedAttachment>],
     life: &Life,
     bind_mounts: &[PathBuf],
 ) -> Vec<String> {
-    let mut ids: Vec<String> = ledger
-        .attachments()
-        .filter(|a| match (a.pinned, a.netns_inode, a.netns_bound_at) {
-            (Some(id), _, _) => id.may_be(&life.id),
-            (None, Some(inode), Some(bound_at)) => life.id.inode == Some(inode) && life.held_inode_at(bound_at),
-            (None, _, _) => false,
-        })
-        .map(|a| a.container_id.clone())
-        .collect();
+    let mut ids: Vec<String> = ledger.attachments().filter(|a| life.names(a)).map(|a| a.container_id.clone()).collect();
     for entry in cache {
         if entry.netns.as_deref().is_some_and(|p| bind_mounts.iter().any(|m| same_netns_path(m, Path::new(p)))) {
             ids.push(entry.container_id.clone());
@@ -1033,12 +1063,14 @@ mod tests {
         });
     }
 
-    /// A death's containers, walked, are those the container index gives.
+    /// A death's containers, walked, are those the container index and the
+    /// pass index give: deaths of netns known by inode, by nsid alone or by
+    /// both, bindings with and without the run's nsid.
     #[test]
     fn a_deaths_containers_walked_equal_the_indexed_ones() {
         use proptest::prelude::*;
         let an_attachment = (
-            prop::option::of(1u64..4),
+            (prop::option::of(1u64..4), prop::option::of(1i32..4)),
             prop::option::of(0u64..30),
             prop::option::of((prop::option::of(1u64..4), prop::option::of(1i32..4), prop::option::of(0u64..30))),
             prop::option::of(0usize..3),
@@ -1058,11 +1090,11 @@ mod tests {
                 attachments
                     .iter()
                     .enumerate()
-                    .map(|(i, (inode, bound_at, pinned, path))| crate::ledger::Attachment {
+                    .map(|(i, ((inode, nsid), bound_at, pinned, path))| crate::ledger::Attachment {
                         container_id: format!("c{i}"),
                         netns_path: path.map(|p| paths[p].to_owned()),
                         netns_inode: *inode,
-                        netns_nsid: None,
+                        netns_nsid: *nsid,
                         netns_bound_at: bound_at.map(t),
                         pinned: pinned.map(|(i, n, f)| NetnsId::new(i, n, f.map(t))),
                         ifnames: Vec::new(),
@@ -1098,11 +1130,121 @@ mod tests {
                 first_seen: t(first),
                 creator: None,
             };
-            prop_assert_eq!(
-                containers_of_death(&ledger, &cache, &death),
-                containers_of_death_indexed(&ledger, &cache, &death)
-            );
+            let walked = containers_of_death(&ledger, &cache, &death);
+            prop_assert_eq!(&walked, &containers_of_death_indexed(&ledger, &cache, &death));
+            let snapshot = snapshot_with(dead_view(&death));
+            let life = Life::of(&snapshot.netns[0]);
+            let pass = PassIndex::new(&snapshot, &ledger, &cache).containers_of(&life, &death.bind_mounts);
+            prop_assert_eq!(&walked, &pass);
         });
+    }
+
+    /// A snapshot of this one netns.
+    fn snapshot_with(view: NetnsView) -> ModelSnapshot {
+        ModelSnapshot {
+            taken_at: t(40),
+            netns: vec![std::sync::Arc::new(view)],
+            host_routes: Vec::new(),
+            stats: ModelStats::default(),
+        }
+    }
+
+    /// The model's view of the netns that died in `death`.
+    fn dead_view(death: &NetnsDeath) -> NetnsView {
+        let mut v = view(1, 1, 0, Some(0), None);
+        (v.inode, v.nsid, v.first_seen, v.died_at) = (death.inode, death.nsid, death.first_seen, Some(death.at));
+        v.bind_mounts.clone_from(&death.bind_mounts);
+        v
+    }
+
+    /// A death of the netns the model knew as `inode` (None: by nsid alone)
+    /// and `nsid`, first seen at `first_seen`, dead at `died`.
+    fn death_of(inode: Option<u32>, nsid: i32, first_seen: u64, died: u64) -> NetnsDeath {
+        NetnsDeath {
+            inode,
+            nsid: Some(nsid),
+            at: t(died),
+            source: crate::model::snapshot::DeathSource::RtmDelnsid,
+            addresses: Vec::new(),
+            bind_mounts: Vec::new(),
+            first_seen: t(first_seen),
+            creator: None,
+        }
+    }
+
+    /// A ledger of these containers, each bound at a time (seconds of `t`)
+    /// to the netns its CNI run resolved to an inode and maybe an nsid.
+    fn bound(bindings: &[(&str, u64, Option<i32>, u64)]) -> Ledger {
+        let mut ledger = Ledger::new();
+        ledger.restore(
+            bindings
+                .iter()
+                .map(|&(container, inode, nsid, bound_at)| crate::ledger::Attachment {
+                    container_id: container.to_owned(),
+                    netns_path: Some(format!("/run/netns/{container}")),
+                    netns_inode: Some(inode),
+                    netns_nsid: nsid,
+                    netns_bound_at: Some(t(bound_at)),
+                    pinned: None,
+                    ifnames: Vec::new(),
+                    operations: Vec::new(),
+                    first_seen: t(0),
+                    last_seen: t(0),
+                })
+                .collect(),
+        );
+        ledger
+    }
+
+    /// The containers of `death` by each lookup: the walk (the death's event
+    /// and the ledger's), the container index (the whole node's
+    /// observations) and the pass index (the death path's observations).
+    fn containers_by_each_lookup(ledger: &Ledger, death: &NetnsDeath) -> [(&'static str, Vec<String>); 3] {
+        let snapshot = snapshot_with(dead_view(death));
+        let life = Life::of(&snapshot.netns[0]);
+        [
+            ("walked", containers_of_death(ledger, &[], death)),
+            ("indexed", containers_of_death_indexed(ledger, &[], death)),
+            ("pass index", PassIndex::new(&snapshot, ledger, &[]).containers_of(&life, &[])),
+        ]
+    }
+
+    /// A netns deleted before the model read its mount is known by nsid
+    /// alone. Its death names the containers whose CNI run resolved that
+    /// nsid (as the decision does: `Incarnations::at`), not one whose run
+    /// got no nsid (its inode alone cannot be matched to it).
+    #[test]
+    fn a_death_known_by_nsid_alone_names_the_containers_bound_by_that_nsid() {
+        let ledger = bound(&[("c1", 77, Some(2), 10), ("c2", 77, None, 10), ("c3", 78, Some(3), 10)]);
+        let death = death_of(None, 2, 10, 12);
+        for (lookup, containers) in containers_by_each_lookup(&ledger, &death) {
+            assert_eq!(containers, vec!["c1".to_owned()], "{lookup}");
+        }
+        let snapshot = snapshot_with(dead_view(&death));
+        assert!(Incarnations::new(&snapshot).at(77, Some(2), t(10)).contains(&death.id()), "the decision agrees");
+    }
+
+    /// nsids are reused at once (the lowest free): a run that named nsid 2
+    /// after its netns died, or before the model first saw that netns, was
+    /// about another netns. Only the one bound while it held nsid 2 is
+    /// named.
+    #[test]
+    fn an_nsid_names_a_death_only_while_its_netns_held_it() {
+        let ledger = bound(&[("later", 77, Some(2), 25), ("earlier", 78, Some(2), 5), ("during", 79, Some(2), 15)]);
+        for (lookup, containers) in containers_by_each_lookup(&ledger, &death_of(None, 2, 10, 20)) {
+            assert_eq!(containers, vec!["during".to_owned()], "{lookup}");
+        }
+    }
+
+    /// A netns whose inode the model knows is matched by inode only: a run
+    /// that resolved another inode named another netns, even with the same
+    /// nsid (reused).
+    #[test]
+    fn a_binding_to_another_inode_names_no_death_that_shared_its_nsid() {
+        let ledger = bound(&[("other", 77, Some(2), 15), ("own", 88, Some(2), 15)]);
+        for (lookup, containers) in containers_by_each_lookup(&ledger, &death_of(Some(88), 2, 10, 20)) {
+            assert_eq!(containers, vec!["own".to_owned()], "{lookup}");
+        }
     }
 
     /// Random nodes (netns, ledger, cache, deaths) over small alphabets, so
@@ -1309,6 +1451,34 @@ mod tests {
                 let dead = NetnsId::new(dead.0, dead.1, None);
                 let named = Incarnations::new(&snapshot).at(inode, nsid, t(at)).iter().any(|id| id.may_be(&dead));
                 prop_assert!(!named || resolution_may_name(inode, nsid, &dead));
+            }
+
+            /// A netns's containers are matched to ledger bindings as the
+            /// decision resolves those bindings ([`Incarnations::at`]):
+            /// every binding resolved to an incarnation names its container
+            /// there, and one known by nsid alone is named by no other
+            /// binding (its nsid, held at the run, is all that ties them).
+            #[test]
+            fn a_netns_names_the_containers_whose_bindings_resolve_to_it(
+                (views, ledger, _cache, _extra) in a_node(),
+            ) {
+                let snapshot = snapshot_of(views);
+                let incarnations = Incarnations::new(&snapshot);
+                for view in &snapshot.netns {
+                    let life = Life::of(view);
+                    // Twins (same identity, other death) are one name to `at`.
+                    if snapshot.netns.iter().filter(|v| v.id() == life.id).count() > 1 {
+                        continue;
+                    }
+                    for a in ledger.attachments().filter(|a| a.pinned.is_none()) {
+                        let (Some(inode), Some(bound_at)) = (a.netns_inode, a.netns_bound_at) else { continue };
+                        let resolved = incarnations.at(inode, a.netns_nsid, bound_at).contains(&life.id);
+                        prop_assert!(!resolved || life.names(a), "{a:?} resolves to {:?}", life.id);
+                        if view.inode.is_none() {
+                            prop_assert_eq!(life.names(a), resolved, "{:?} {:?}", a, life.id);
+                        }
+                    }
+                }
             }
 
             /// The death path's concern, found in the sources, is what the

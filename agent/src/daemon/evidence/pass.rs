@@ -184,15 +184,20 @@ impl<'a> PassIndex<'a> {
     }
 
     /// What [`super::containers_walked`] answers for one incarnation: the
-    /// same attachments (pinned: by identity; otherwise by inode, bound
-    /// while it held it) and cache entries (by path), looked up.
+    /// same attachments ([`Life::names`]: those filed under its identity,
+    /// its inode, or its nsid when that is all the model knows of it) and
+    /// cache entries (by path), looked up.
     pub(super) fn containers_of(&self, life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
-        let by_inode = life.id.inode.and_then(|i| self.attachments.by_inode.get(&i)).into_iter().flatten();
+        let filed = match (life.id.inode, life.id.nsid) {
+            (Some(inode), _) => self.attachments.by_inode.get(&inode),
+            (None, Some(nsid)) => self.attachments.by_nsid.get(&nsid),
+            (None, None) => None,
+        };
         let mut ids: Vec<String> = self
             .attachments
             .pinned_sharing(&life.id)
-            .filter(|a| a.pinned.is_some_and(|id| id.may_be(&life.id)))
-            .chain(by_inode.copied().filter(|a| a.netns_bound_at.is_some_and(|at| life.held_inode_at(at))))
+            .chain(filed.into_iter().flatten().copied())
+            .filter(|a| life.names(a))
             .map(|a| a.container_id.clone())
             .collect();
         for mount in bind_mounts {
