@@ -40,7 +40,18 @@ use crate::{
 /// is folded and the root dropped, hence the same last one (None for a path
 /// that ends in no name, e.g. `/` or `..`: those share a key too).
 fn name_of(p: &Path) -> Option<&OsStr> {
-    p.file_name()
+    use std::os::unix::ffi::OsStrExt as _;
+    // `Path::file_name` parses components (1.4 % of the agent's CPU in pod
+    // cycles: every ledger, cache and mount path, on every death's pass).
+    // The usual path ends in a name after its last `/`: that name is its
+    // last component. Anything else (a trailing `/`, `.` or `..`, empty)
+    // is left to the parser.
+    let bytes = p.as_os_str().as_bytes();
+    let tail = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    if tail.is_empty() || tail == b"." || tail == b".." {
+        return p.file_name();
+    }
+    Some(OsStr::from_bytes(tail))
 }
 
 /// An empty map with room for `n` keys.
@@ -380,5 +391,24 @@ impl<'a> PassIndex<'a> {
             push_netns(&mut obs, life.id, view, container_ids);
         }
         obs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_of_is_the_paths_file_name() {
+        use proptest::prelude::*;
+        for p in ["", "/", "//", ".", "..", "a", "/a", "a/", "/a/.", "/a/..", "/a/b/", "./a", "a//b", "/var/run/netns/x"] {
+            assert_eq!(name_of(Path::new(p)), Path::new(p).file_name(), "{p:?}");
+        }
+        // Paths of `/`, `.`, `..` and names, in any order.
+        let parts = prop::collection::vec(prop::sample::select(vec!["/", ".", "..", "a", "b.", "..."]), 0..8);
+        proptest!(ProptestConfig::with_cases(3000), |(parts in parts)| {
+            let p = parts.concat();
+            prop_assert_eq!(name_of(Path::new(&p)), Path::new(&p).file_name(), "{:?}", p);
+        });
     }
 }
