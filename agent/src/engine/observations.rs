@@ -199,6 +199,18 @@ pub struct Observations {
 /// runtimes spell netns paths both ways.
 #[must_use]
 pub fn same_netns_path(a: &Path, b: &Path) -> bool {
+    // The usual pair, spelt alike once a leading `/var/run/` is cut to
+    // `/run/`, is the same path with no component parsing (the death
+    // path compares every path it looks up). Bytes that differ still may
+    // name the same path (`//`, `.`): the components decide.
+    fn cut(p: &Path) -> &[u8] {
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str());
+        if bytes.starts_with(b"/var/run/") { &bytes[4..] } else { bytes }
+    }
+    cut(a) == cut(b) || same_netns_path_by_components(a, b)
+}
+
+fn same_netns_path_by_components(a: &Path, b: &Path) -> bool {
     fn norm(p: &Path) -> &Path {
         p.strip_prefix("/var").ok().filter(|rest| rest.starts_with("run")).unwrap_or(p)
     }
@@ -212,6 +224,18 @@ pub fn same_netns_path(a: &Path, b: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_netns_path_answers_as_the_components_do() {
+        use proptest::prelude::*;
+        let part = prop::sample::select(vec!["/", "//", ".", "..", "var", "run", "netns", "x", "/var/run/", "/run/"]);
+        let path = prop::collection::vec(part, 0..7).prop_map(|parts| parts.concat());
+        proptest!(ProptestConfig::with_cases(5000), |(a in path.clone(), b in path)| {
+            let (a, b) = (Path::new(&a), Path::new(&b));
+            prop_assert_eq!(same_netns_path(a, b), same_netns_path_by_components(a, b), "{:?} {:?}", a, b);
+            prop_assert_eq!(same_netns_path(a, a), same_netns_path_by_components(a, a), "{:?}", a);
+        });
+    }
 
     #[test]
     fn var_run_and_run_are_the_same_path() {
