@@ -207,7 +207,28 @@ pub fn same_netns_path(a: &Path, b: &Path) -> bool {
         let bytes = std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str());
         if bytes.starts_with(b"/var/run/") { &bytes[4..] } else { bytes }
     }
-    cut(a) == cut(b) || same_netns_path_by_components(a, b)
+    if cut(a) == cut(b) {
+        return true;
+    }
+    // Equal component lists end in the same name (the fold of `/var`
+    // never changes the last component): paths of two different names,
+    // the usual unequal pair, are told apart without parsing.
+    last_name(a) == last_name(b) && same_netns_path_by_components(a, b)
+}
+
+/// [`Path::file_name`], without parsing the components of a path that
+/// ends in a name after its last `/` (the usual netns path): the death
+/// path asks it of every path it files or compares. Anything else (a
+/// trailing `/`, `.` or `..`, empty) is left to the parser.
+#[must_use]
+pub fn last_name(p: &Path) -> Option<&std::ffi::OsStr> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let bytes = p.as_os_str().as_bytes();
+    let tail = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    if tail.is_empty() || tail == b"." || tail == b".." {
+        return p.file_name();
+    }
+    Some(std::ffi::OsStr::from_bytes(tail))
 }
 
 fn same_netns_path_by_components(a: &Path, b: &Path) -> bool {
