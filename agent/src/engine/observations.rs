@@ -249,8 +249,19 @@ mod tests {
     #[test]
     fn same_netns_path_answers_as_the_components_do() {
         use proptest::prelude::*;
-        let part =
-            prop::sample::select(vec!["/", "//", ".", "..", "var", "run", "x", "/var/run/", "/run/", "/var/run", "/run"]);
+        let part = prop::sample::select(vec![
+            "/",
+            "//",
+            ".",
+            "..",
+            "var",
+            "run",
+            "x",
+            "/var/run/",
+            "/run/",
+            "/var/run",
+            "/run",
+        ]);
         let path = prop::collection::vec(part, 0..7).prop_map(|parts| parts.concat());
         proptest!(ProptestConfig::with_cases(5000), |(a in path.clone(), b in path)| {
             // `a` with its `/var` put on or taken off: the pairs the

@@ -392,7 +392,9 @@ mod tests {
     #[test]
     fn name_of_is_the_paths_file_name() {
         use proptest::prelude::*;
-        for p in ["", "/", "//", ".", "..", "a", "/a", "a/", "/a/.", "/a/..", "/a/b/", "./a", "a//b", "/var/run/netns/x"] {
+        for p in
+            ["", "/", "//", ".", "..", "a", "/a", "a/", "/a/.", "/a/..", "/a/b/", "./a", "a//b", "/var/run/netns/x"]
+        {
             assert_eq!(name_of(Path::new(p)), Path::new(p).file_name(), "{p:?}");
         }
         // Paths of `/`, `.`, `..` and names, in any order.
