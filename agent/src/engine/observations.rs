@@ -199,6 +199,39 @@ pub struct Observations {
 /// runtimes spell netns paths both ways.
 #[must_use]
 pub fn same_netns_path(a: &Path, b: &Path) -> bool {
+    // The usual pair, spelt alike once a leading `/var/run/` is cut to
+    // `/run/`, is the same path with no component parsing (the death
+    // path compares every path it looks up). Bytes that differ still may
+    // name the same path (`//`, `.`): the components decide.
+    fn cut(p: &Path) -> &[u8] {
+        let bytes = std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str());
+        if bytes.starts_with(b"/var/run/") { &bytes[4..] } else { bytes }
+    }
+    if cut(a) == cut(b) {
+        return true;
+    }
+    // Equal component lists end in the same name (the fold of `/var`
+    // never changes the last component): paths of two different names,
+    // the usual unequal pair, are told apart without parsing.
+    last_name(a) == last_name(b) && same_netns_path_by_components(a, b)
+}
+
+/// [`Path::file_name`], without parsing the components of a path that
+/// ends in a name after its last `/` (the usual netns path): the death
+/// path asks it of every path it files or compares. Anything else (a
+/// trailing `/`, `.` or `..`, empty) is left to the parser.
+#[must_use]
+pub fn last_name(p: &Path) -> Option<&std::ffi::OsStr> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let bytes = p.as_os_str().as_bytes();
+    let tail = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    if tail.is_empty() || tail == b"." || tail == b".." {
+        return p.file_name();
+    }
+    Some(std::ffi::OsStr::from_bytes(tail))
+}
+
+fn same_netns_path_by_components(a: &Path, b: &Path) -> bool {
     fn norm(p: &Path) -> &Path {
         p.strip_prefix("/var").ok().filter(|rest| rest.starts_with("run")).unwrap_or(p)
     }
@@ -212,6 +245,34 @@ pub fn same_netns_path(a: &Path, b: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_netns_path_answers_as_the_components_do() {
+        use proptest::prelude::*;
+        let part = prop::sample::select(vec![
+            "/",
+            "//",
+            ".",
+            "..",
+            "var",
+            "run",
+            "x",
+            "/var/run/",
+            "/run/",
+            "/var/run",
+            "/run",
+        ]);
+        let path = prop::collection::vec(part, 0..7).prop_map(|parts| parts.concat());
+        proptest!(ProptestConfig::with_cases(5000), |(a in path.clone(), b in path)| {
+            // `a` with its `/var` put on or taken off: the pairs the
+            // shortcut takes for equal.
+            let a_other = a.strip_prefix("/var").map_or_else(|| format!("/var{a}"), str::to_owned);
+            for (x, y) in [(&a, &b), (&a, &a), (&a, &a_other)] {
+                let (x, y) = (Path::new(x), Path::new(y));
+                prop_assert_eq!(same_netns_path(x, y), same_netns_path_by_components(x, y), "{:?} {:?}", x, y);
+            }
+        });
+    }
 
     #[test]
     fn var_run_and_run_are_the_same_path() {

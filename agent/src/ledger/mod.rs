@@ -199,11 +199,17 @@ impl NetnsResolver for StatResolver {
     /// nsid come from that open file. Only a path `statfs` shows on nsfs is
     /// opened (CNI_NETNS is any string a plugin's caller chose).
     fn resolve(&self, path: &str, pid: Option<u32>, guess: Guess) -> (Option<u64>, Option<i32>) {
-        for candidate in self.candidates(path, pid) {
-            let Ok(c_path) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(candidate.as_os_str()))
-            else {
-                continue;
-            };
+        // The candidates of `candidates`, in its order, each built only
+        // when the one before did not resolve (usually the first does).
+        let plugin_root = pid.map(|pid| {
+            let mut root = Vec::with_capacity(32);
+            let _ = std::io::Write::write_fmt(&mut root, format_args!("/proc/{pid}/root"));
+            root
+        });
+        let host_root = self.host_root.as_deref().map(|r| std::os::unix::ffi::OsStrExt::as_bytes(r.as_os_str()));
+        let roots = [plugin_root.as_deref(), Some(&b""[..]), host_root];
+        for root in roots.into_iter().flatten() {
+            let Some(c_path) = under_root_c(root, path) else { continue };
             if !on_nsfs(&c_path) {
                 continue;
             }
@@ -212,7 +218,7 @@ impl NetnsResolver for StatResolver {
             }
             // Not openable now (a race, or no fd left): as `inode_of` +
             // `nsid_of` would say.
-            let inode = candidate.to_str().and_then(nsfs_inode);
+            let inode = c_path.to_str().ok().and_then(nsfs_inode);
             if let Some(inode) = inode {
                 return (Some(inode), self.nsid_of(path, pid, inode as u32));
             }
@@ -230,6 +236,21 @@ impl StatResolver {
         }
         querier.as_mut()?.nsid_or_assign(std::os::fd::AsRawFd::as_raw_fd(fd), guess).ok().flatten()
     }
+}
+
+/// `path` under `root` for the kernel, without the `PathBuf`s of
+/// [`StatResolver::candidates`]: the same file as
+/// `discovery::under_root` names (an empty root: `path` itself). It may
+/// differ from that name by a doubled `/` or a `.` component, which the
+/// kernel's walk reads alike. None for a path with a NUL.
+fn under_root_c(root: &[u8], path: &str) -> Option<std::ffi::CString> {
+    let mut bytes = Vec::with_capacity(root.len() + path.len() + 2);
+    bytes.extend_from_slice(root);
+    if !root.is_empty() && !path.starts_with('/') {
+        bytes.push(b'/');
+    }
+    bytes.extend_from_slice(path.as_bytes());
+    std::ffi::CString::new(bytes).ok()
 }
 
 /// Whether `path` is a file of the namespace filesystem (`statfs`, which
@@ -723,6 +744,61 @@ mod tests {
             "an unmounted mount point"
         );
         assert_eq!(r.resolve("/nonexistent/netns", None, Guess::Assigned), (None, None));
+    }
+
+    /// A thread that `prepare`s itself (unshare, chroot) and stays until
+    /// the returned sender is dropped; its tid, or None when prepare failed.
+    fn parked_thread(
+        prepare: impl FnOnce() -> bool + Send + 'static,
+    ) -> (Option<u32>, std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let handle = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = u32::try_from(unsafe { libc::gettid() }).ok();
+            tid_tx.send(if prepare() { tid } else { None }).unwrap();
+            let _ = stop_rx.recv();
+        });
+        (tid_rx.recv().unwrap(), stop_tx, handle)
+    }
+
+    #[test]
+    fn the_stat_resolver_tries_the_plugins_root_then_ours_then_the_hosts() {
+        use std::os::unix::fs::MetadataExt as _;
+        let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        let pid = std::process::id();
+        // "The host": a thread in a netns of its own, whose task directory
+        // has `ns/net`.
+        // SAFETY: unshare on this thread alone (a new netns).
+        let (other_tid, stop_other, other) = parked_thread(|| unsafe { libc::unshare(libc::CLONE_NEWNET) } == 0);
+        let other_tid = other_tid.expect("a thread in a new netns");
+        let other_ns = std::fs::metadata(format!("/proc/{pid}/task/{other_tid}/ns/net")).unwrap().ino();
+        assert_ne!(other_ns, own);
+        // "The plugin": a thread whose root is its own task directory, where
+        // `/ns/net` is our netns.
+        let (plugin, stop_plugin, plugin_thread) = parked_thread(move || {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            let Ok(root) = std::ffi::CString::new(format!("/proc/{pid}/task/{tid}")) else { return false };
+            // SAFETY: this thread's fs is its own after unshare(CLONE_FS);
+            // a NUL-terminated path.
+            unsafe { libc::unshare(libc::CLONE_FS) == 0 && libc::chroot(root.as_ptr()) == 0 }
+        });
+        let plugin = plugin.expect("a chrooted thread");
+        let r = StatResolver::new(Some(format!("/proc/{pid}/task/{other_tid}").into()));
+        // `/ns/net` is no file of ours: the plugin's root names our netns,
+        // the host's the other.
+        assert_eq!(r.resolve("/ns/net", Some(plugin), Guess::Assigned).0, Some(own), "the plugin's root first");
+        assert_eq!(r.resolve("ns/net", Some(plugin), Guess::Assigned).0, Some(own), "a relative path under a root");
+        assert_eq!(r.resolve("/ns/net", None, Guess::Assigned).0, Some(other_ns), "then the host's");
+        assert_eq!(r.resolve("/ns/net", Some(u32::MAX), Guess::Assigned).0, Some(other_ns));
+        // Ours before the host's.
+        assert_eq!(r.resolve("/proc/self/ns/net", None, Guess::Assigned).0, Some(own));
+        assert_eq!(StatResolver::new(None).resolve("/ns/net", Some(plugin), Guess::Assigned).0, Some(own));
+        assert_eq!(StatResolver::new(None).resolve("/ns/net", None, Guess::Assigned), (None, None));
+        drop((stop_other, stop_plugin));
+        other.join().unwrap();
+        plugin_thread.join().unwrap();
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::{
     daemon::targeted::DeathKey,
     engine::{
         Observations,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, same_netns_path},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, last_name, same_netns_path},
     },
     fast::{Filed, Map},
     identity::NetnsId,
@@ -40,7 +40,9 @@ use crate::{
 /// is folded and the root dropped, hence the same last one (None for a path
 /// that ends in no name, e.g. `/` or `..`: those share a key too).
 fn name_of(p: &Path) -> Option<&OsStr> {
-    p.file_name()
+    // Not `Path::file_name`'s parse (1.4 % of the agent's CPU in pod
+    // cycles: every ledger, cache and mount path, on every death's pass).
+    last_name(p)
 }
 
 /// An empty map with room for `n` keys.
@@ -385,5 +387,26 @@ impl<'a> PassIndex<'a> {
             push_netns(&mut obs, life.id, view, container_ids);
         }
         obs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn name_of_is_the_paths_file_name() {
+        use proptest::prelude::*;
+        for p in
+            ["", "/", "//", ".", "..", "a", "/a", "a/", "/a/.", "/a/..", "/a/b/", "./a", "a//b", "/var/run/netns/x"]
+        {
+            assert_eq!(name_of(Path::new(p)), Path::new(p).file_name(), "{p:?}");
+        }
+        // Paths of `/`, `.`, `..` and names, in any order.
+        let parts = prop::collection::vec(prop::sample::select(vec!["/", ".", "..", "a", "b.", "..."]), 0..8);
+        proptest!(ProptestConfig::with_cases(3000), |(parts in parts)| {
+            let p = parts.concat();
+            prop_assert_eq!(name_of(Path::new(&p)), Path::new(&p).file_name(), "{:?}", p);
+        });
     }
 }
