@@ -332,7 +332,10 @@ impl Agent {
 
     /// Logs and streams a death [`Self::on_death`] took in.
     pub(super) fn publish_death(&mut self, death: &NetnsDeath, containers: &[String]) -> anyhow::Result<()> {
-        info!(
+        // Debug, not info: the event says it all, and a busy node's pod
+        // deaths (one per pod) would double every line in the pod's log
+        // (1.8 % of the agent's CPU in pod cycles, session 14).
+        debug!(
             inode = ?death.inode,
             nsid = ?death.nsid,
             source = ?death.source,
