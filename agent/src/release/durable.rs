@@ -23,10 +23,19 @@ use super::{
 };
 
 /// Whether the batch's intents are durable yet; see the module's text.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Durable {
     state: Mutex<State>,
     opened: Condvar,
+    /// Just before the batch's intents were written: the release path's
+    /// parts are timed from here (`ReleaseTimings::handoff_us`).
+    begun: Instant,
+}
+
+impl Default for Durable {
+    fn default() -> Self {
+        Self { state: Mutex::default(), opened: Condvar::new(), begun: Instant::now() }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -41,6 +50,16 @@ impl Durable {
     /// Intents not yet synced: store changes wait for [`Durable::sync`].
     pub(crate) fn pending() -> Self {
         Self::default()
+    }
+
+    /// Like [`Durable::pending`], for intents whose writing began at `begun`.
+    pub(crate) fn pending_since(begun: Instant) -> Self {
+        Self { begun, ..Self::default() }
+    }
+
+    /// Micro-seconds since the batch's intents began to be written.
+    pub(crate) fn since_begun_us(&self) -> u64 {
+        micros(self.begun)
     }
 
     /// Intents that are already durable (recovery acts on intents an

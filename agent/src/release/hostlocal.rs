@@ -182,6 +182,7 @@ pub(crate) fn release_group(
                         Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", r.path.display()) },
                     };
                     timings.unlink_us = micros(unlink);
+                    timings.unlinked_us = durable.since_begun_us();
                     outcome
                 }
             }

@@ -192,6 +192,7 @@ impl Releaser {
     /// orphan: `verdicts` is a whole scan, to know an attachment's other
     /// IPs; one alone reads them from the store.
     fn begin(&mut self, verdicts: &[Verdict], orphans: &[usize]) -> Result<Started, ReleaseError> {
+        let begun = std::time::Instant::now();
         let dry_run = self.config.dry_run;
         let mut refused = Vec::new();
         let mut accepted = Vec::with_capacity(orphans.len());
@@ -221,7 +222,7 @@ impl Releaser {
         }
         // The fsync on the syncer thread, the store work in `finish` (see
         // `durable`): every store change waits for the fsync.
-        let durable = Arc::new(Durable::pending());
+        let durable = Arc::new(Durable::pending_since(begun));
         let syncing = durable::sync_beside(&durable, unsynced);
         Ok(Started { refused, accepted, whole, journaled: Some((intents, durable, syncing)) })
     }
@@ -276,6 +277,7 @@ impl Releaser {
         durable: &Durable,
     ) -> Vec<(Outcome, ReleaseTimings)> {
         let dry_run = self.config.dry_run;
+        let handoff_us = durable.since_begun_us();
         // Each attachment's IPs as the scan saw them; released ones leave.
         let mut held: HashMap<(&Path, &str), Vec<&Reservation>> = HashMap::new();
         for v in scan.unwrap_or_default() {
@@ -305,6 +307,9 @@ impl Releaser {
                 for (_, t) in &mut outcomes {
                     t.dir_fsync_us = dir_fsync_us;
                 }
+            }
+            for (_, t) in &mut outcomes {
+                t.handoff_us = handoff_us;
             }
             for (&i, (outcome, timings)) in members.iter().zip(outcomes) {
                 let (v, file) = &accepted[i];
