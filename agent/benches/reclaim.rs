@@ -369,7 +369,7 @@ fn release_parts(
         "dir_fsync_us",
     ];
     let mut timed: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
-    let (mut receive, mut decide_v, mut seen_v) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut receive, mut decide_v, mut seen_v, mut untimed_v) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for l in lines.iter().filter(|l| l["record"] == "outcome" && l["outcome"]["result"] == "released") {
         let Some((ip, intent_at, died)) = l["id"].as_str().and_then(|id| intents.get(id)) else { continue };
         if let (Some(kernel), Some(died)) = (kernel_at.get(ip), died.as_ref().or_else(|| event_died.get(ip))) {
@@ -383,6 +383,14 @@ fn release_parts(
         {
             seen_v.push(removed.duration_since(*intent_at + Duration::from_micros(us)).unwrap_or_default());
         }
+        // Per release, what the timed parts leave of intent -> unlink (a
+        // sum of medians is not the median of the sums).
+        let part = |name: &str| l["timings"][name].as_u64().unwrap_or(0);
+        if part("unlinked_us") > 0 {
+            let timed: u64 =
+                ["handoff_us", "lock_us", "reread_us", "look_us", "intent_wait_us", "unlink_us"].map(part).iter().sum();
+            untimed_v.push(Duration::from_micros(part("unlinked_us").saturating_sub(timed)));
+        }
         for name in names {
             if let Some(us) = l["timings"][name].as_u64() {
                 timed.entry(name).or_default().push(Duration::from_micros(us));
@@ -393,6 +401,7 @@ fn release_parts(
     out.insert("netlink_receive".into(), dist(receive));
     out.insert("decide_to_intent".into(), dist(decide_v));
     out.insert("seen_after_unlink".into(), dist(seen_v));
+    out.insert("untimed".into(), dist(untimed_v));
     for (name, v) in timed {
         out.insert(name.trim_end_matches("_us").to_owned(), dist(v));
     }
@@ -907,6 +916,7 @@ fn table(items: &BTreeMap<String, Value>) -> String {
             ("look", "last look (under the lock)"),
             ("unlink", "unlink"),
             ("unlinked", "intents' write -> unlink done (all of the above)"),
+            ("untimed", "intents' write -> unlink done less its timed parts, per release"),
             ("seen_after_unlink", "unlink done -> the bench sees it (inotify)"),
             ("dir_fsync", "directory fsync"),
         ];

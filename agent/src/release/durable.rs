@@ -48,6 +48,7 @@ struct State {
 
 impl Durable {
     /// Intents not yet synced: store changes wait for [`Durable::sync`].
+    #[cfg(test)]
     pub(crate) fn pending() -> Self {
         Self::default()
     }
@@ -112,6 +113,23 @@ impl Durable {
             state.timings.waited_us = micros(t);
         }
         state.result.clone().unwrap_or(Ok(()))
+    }
+
+    /// Like [`Durable::wait`], for at most `bound`: None when the intents'
+    /// fsync has not ended by then (no store may change yet).
+    pub(crate) fn wait_for(&self, bound: std::time::Duration) -> Option<Result<(), String>> {
+        let t = Instant::now();
+        let state = self.lock();
+        let waited = state.result.is_none();
+        let (mut state, _) = self
+            .opened
+            .wait_timeout_while(state, bound, |s| s.result.is_none())
+            .unwrap_or_else(PoisonError::into_inner);
+        let result = state.result.clone()?;
+        if waited && state.timings.waited_us == 0 {
+            state.timings.waited_us = micros(t);
+        }
+        Some(result)
     }
 
     /// How long the fsync took and the first store change waited for it.
@@ -214,7 +232,7 @@ mod tests {
     use crate::{
         ipam::{ReservationStore, hostlocal::HostLocalStore},
         release::{
-            hostlocal::{release_group, reservation_file},
+            hostlocal::{Patience, release_group, release_group_with, reservation_file},
             lastlook::NoLook,
             outcome::Outcome,
         },
@@ -330,6 +348,31 @@ mod tests {
         );
         assert!(r.path.exists(), "the file was removed without a durable intent");
         assert!(matches!(syncing.result(), Err(JournalError::Io { .. })));
+    }
+
+    #[test]
+    fn released_now_gives_up_without_a_change_when_the_intents_are_late() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (r, file) = reservation_and_file(tmp.path());
+        // Never synced: the wait runs out.
+        let durable = Durable::pending();
+        let patience = Patience::Now { intents: Duration::from_millis(20) };
+        let files = [(&r, &file)];
+        let t = std::time::Instant::now();
+        let outcomes = release_group_with(&file.network_dir, &files, &mut NoLook, patience, false, &durable);
+        assert!(outcomes.is_none(), "the release did not give up: {outcomes:?}");
+        assert!(t.elapsed() < Duration::from_secs(2), "the wait was not bounded");
+        assert!(r.path.exists(), "the file was removed without a durable intent");
+        let lock = fs::File::open(file.network_dir.join("lock")).unwrap();
+        assert!(
+            crate::ipam::safefs::FlockGuard::try_lock_exclusive(lock).unwrap().is_some(),
+            "the plugin's lock is still held after giving up"
+        );
+        // Durable in time: the same release goes ahead.
+        let durable = Durable::already();
+        let outcomes = release_group_with(&file.network_dir, &files, &mut NoLook, patience, false, &durable);
+        assert!(outcomes.is_some_and(|o| o[0].0.released()));
+        assert!(!r.path.exists());
     }
 
     #[test]

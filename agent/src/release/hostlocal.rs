@@ -110,7 +110,38 @@ pub(crate) fn release_group(
     dry_run: bool,
     durable: &Durable,
 ) -> Vec<(Outcome, ReleaseTimings)> {
-    let all = |outcome: Outcome| files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
+    release_group_with(network_dir, files, look, Patience::Wait(lock_timeout), dry_run, durable).unwrap_or_else(|| {
+        // Not reached: only `Patience::Now` gives up.
+        let outcome = Outcome::Failed { error: "the release gave up waiting".into() };
+        files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect()
+    })
+}
+
+/// How long a group's release waits for its network's lock and for its
+/// batch's intents to be durable.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// For the lock up to this long (then `LockBusy`); for the intents, as
+    /// long as their fsync takes.
+    Wait(Duration),
+    /// On a thread that must not block for long (the agent's event loop):
+    /// the lock only if it is free now, the intents only up to `intents`.
+    /// Otherwise the group gives up before any store change (None).
+    Now { intents: Duration },
+}
+
+/// [`release_group`] with the given patience. None: `Patience::Now` gave
+/// up (the lock held by someone else, or the intents not durable in time),
+/// and no store was changed: the group is to be released again, waiting.
+pub(crate) fn release_group_with(
+    network_dir: &Path,
+    files: &[(&Reservation, &ReservationFile)],
+    look: &mut dyn LastLook,
+    patience: Patience,
+    dry_run: bool,
+    durable: &Durable,
+) -> Option<Vec<(Outcome, ReleaseTimings)>> {
+    let all = |outcome: Outcome| Some(files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect());
     let dir = match open_dir(network_dir) {
         Ok(dir) => dir,
         Err(outcome) => return all(outcome),
@@ -129,12 +160,25 @@ pub(crate) fn release_group(
                 return all(Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", network_dir.display()) });
             }
         };
-        match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
+        let locked = match patience {
+            Patience::Wait(lock_timeout) => FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout),
+            // Held (a plugin running): the caller waits elsewhere.
+            Patience::Now { .. } => match FlockGuard::try_lock_exclusive(lock_file) {
+                Ok(Some(guard)) => Ok(Ok(guard)),
+                Ok(None) => return None,
+                Err(e) => Err(e),
+            },
+        };
+        match locked {
             Ok(Ok(guard)) => Some(guard),
             Ok(Err(busy_lock)) => {
+                let waited_ms = match patience {
+                    Patience::Wait(lock_timeout) => lock_timeout.as_millis() as u64,
+                    Patience::Now { .. } => 0,
+                };
                 return all(Outcome::LockBusy {
                     lock: network_dir.join(LOCK_FILE),
-                    waited_ms: lock_timeout.as_millis() as u64,
+                    waited_ms,
                     holders: FlockGuard::holders(&busy_lock),
                 });
             }
@@ -172,7 +216,13 @@ pub(crate) fn release_group(
                 None if dry_run => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
                 None => 'unlink: {
                     // The batch's intents must be on disk first.
-                    if let Err(why) = durable.wait() {
+                    let durable_now = match patience {
+                        Patience::Wait(_) => durable.wait(),
+                        // Timed out: no store changed yet (every change
+                        // waits here first, and once open it stays open).
+                        Patience::Now { intents } => durable.wait_for(intents)?,
+                    };
+                    if let Err(why) = durable_now {
                         break 'unlink Outcome::Failed { error: why };
                     }
                     let unlink = Instant::now();
@@ -189,7 +239,7 @@ pub(crate) fn release_group(
         };
         out.push((outcome, timings));
     }
-    out
+    Some(out)
 }
 
 /// fsyncs a network directory so its unlinks are durable.
