@@ -178,17 +178,19 @@ impl Releaser {
         Ok(Begun { verdicts, started, acted: None })
     }
 
-    /// The unlinks of a begun batch on this thread, at once, when that is
-    /// short: a batch of one network's files, at most [`ACT_NOW_MAX_FILES`],
-    /// whose lock is free now, and whose intents are durable by the time
-    /// the look is done or within [`ACT_NOW_INTENT_WAIT`] more. On this
-    /// thread that is one try of the lock, the re-reads, one last look
-    /// under the lock and at most that wait; no lock wait. Otherwise, or
-    /// when the lock is held or the wait runs out, no store is changed and
-    /// [`Self::finish_orphaned`] does all of it (it must be called either
-    /// way: the directory's fsync, the cache entries and the outcomes are
-    /// left to it). The agent calls this on its event loop: the store work
-    /// then starts without waiting for a thread to be woken and scheduled.
+    /// Starts the store work of a begun batch on this thread, at once, when
+    /// that is short: a batch of one network's files, at most
+    /// [`ACT_NOW_MAX_FILES`], whose lock is free now. On this thread that is
+    /// one try of the lock, the re-reads and one last look under the lock;
+    /// the unlinks follow the intents' fsync, on this thread if it has
+    /// ended, else on the thread that ends it. Nothing waits here: the lock
+    /// stays held until [`Self::finish_orphaned`] (which must be called
+    /// either way) has the unlinks' results, and it does the directory's
+    /// fsync, the cache entries and the outcomes. Otherwise (a larger
+    /// batch, the lock held) no store is changed here and it does all of
+    /// it. The agent calls this on its event loop: the lock and the look no
+    /// longer wait for the blocking pool's thread to be woken, nor the
+    /// unlink for a thread woken after the fsync.
     pub fn act_now(&mut self, mut begun: Begun) -> Begun {
         let Some((_, durable, _)) = begun.started.journaled.as_ref().filter(|_| begun.acted.is_none()) else {
             return begun;
@@ -203,21 +205,15 @@ impl Releaser {
             .filter_map(|(i, file)| Some((&begun.verdicts.get(*i)?.reservation, file)))
             .collect();
         let handoff_us = durable.since_begun_us();
-        let patience = hostlocal::Patience::Now { intents: ACT_NOW_INTENT_WAIT };
         let acted = hostlocal::release_group_with(
             &first.network_dir,
             &files,
             self.look.as_mut(),
-            patience,
+            hostlocal::Patience::Now,
             self.config.dry_run,
             durable,
         );
-        begun.acted = acted.map(|mut outcomes| {
-            for (_, t) in &mut outcomes {
-                t.handoff_us = handoff_us;
-            }
-            outcomes
-        });
+        begun.acted = acted.map(|underway| (underway, handoff_us));
         begun
     }
 
@@ -282,7 +278,7 @@ impl Releaser {
         &mut self,
         started: Started,
         verdicts: &[Verdict],
-        acted: Option<Vec<(Outcome, ReleaseTimings)>>,
+        acted: Option<(hostlocal::Underway, u64)>,
     ) -> Result<Vec<ReleaseRecord>, ReleaseError> {
         let Started { refused: mut records, accepted, whole, journaled } = started;
         let Some((intents, durable, syncing)) = journaled else { return Ok(records) };
@@ -329,7 +325,7 @@ impl Releaser {
         accepted: &[(&Verdict, hostlocal::ReservationFile)],
         scan: Option<&[Verdict]>,
         durable: &Durable,
-        mut acted: Option<Vec<(Outcome, ReleaseTimings)>>,
+        mut acted: Option<(hostlocal::Underway, u64)>,
     ) -> Vec<(Outcome, ReleaseTimings)> {
         let dry_run = self.config.dry_run;
         let handoff_us = durable.since_begun_us();
@@ -354,17 +350,13 @@ impl Releaser {
             let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
                 members.iter().map(|&i| (&accepted[i].0.reservation, &accepted[i].1)).collect();
             // Acted on at once: the batch was this one group (`act_now`).
-            let mut outcomes = match acted.take().filter(|o| groups.len() == 1 && o.len() == files.len()) {
-                Some(outcomes) => outcomes,
-                None => {
-                    let mut outcomes =
-                        hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable);
-                    for (_, t) in &mut outcomes {
-                        t.handoff_us = handoff_us;
-                    }
-                    outcomes
-                }
+            let (mut outcomes, handoff_us) = match acted.take() {
+                Some((underway, handoff_us)) if groups.len() == 1 => (underway.complete(), handoff_us),
+                _ => (hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable), handoff_us),
             };
+            for (_, t) in &mut outcomes {
+                t.handoff_us = handoff_us;
+            }
             if !dry_run && outcomes.iter().any(|(o, _)| o.released()) {
                 let sync = std::time::Instant::now();
                 hostlocal::sync_network_dir(dir);
@@ -539,20 +531,14 @@ fn orphans_of(verdicts: &[Verdict]) -> Vec<usize> {
 pub struct Begun {
     verdicts: Vec<Verdict>,
     started: Started,
-    /// The outcomes of the batch's one group when [`Releaser::act_now`]
-    /// did its unlinks.
-    acted: Option<Vec<(Outcome, ReleaseTimings)>>,
+    /// The batch's one group when [`Releaser::act_now`] started it (its
+    /// lock held, its look taken), with when it started.
+    acted: Option<(hostlocal::Underway, u64)>,
 }
 
 /// The most files [`Releaser::act_now`] releases on the caller's thread
 /// (a pod's attachments in one network: dual stack, a few interfaces).
 pub const ACT_NOW_MAX_FILES: usize = 4;
-
-/// How long [`Releaser::act_now`] waits for the intents' fsync after the
-/// last look before leaving the batch to the blocking path. Started before
-/// the lock and the look, the fsync has mostly ended by then (0.6 ms p50,
-/// 1.4 ms p99 against a look of 0.7 ms on a busy 2-core node).
-pub const ACT_NOW_INTENT_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// A batch's first half, apart from its verdicts (see `Releaser::begin`).
 struct Started {
@@ -638,8 +624,15 @@ mod tests {
         releaser.set_last_look(Box::new(LockWitness(data.join("nrbegin/lock"), Arc::clone(&held))));
         let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
         let begun = releaser.act_now(begun);
-        assert!(!path.exists(), "the lock was free, yet the unlink was left to finish");
+        assert!(begun.acted.is_some(), "the lock was free, yet the batch was left to finish");
         assert_eq!(*held.lock().unwrap(), [true], "the last look was not asked once under the lock");
+        // Unlinked once the intents are durable (by the syncer thread),
+        // without finish.
+        let t = std::time::Instant::now();
+        while path.exists() && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!path.exists(), "not unlinked before finish");
         assert_eq!(releaser.journal().pending().len(), 1, "the outcome was recorded before finish");
         let records = releaser.finish_orphaned(begun).unwrap();
         let [record] = records.as_slice() else { panic!("one record: {records:?}") };
