@@ -98,8 +98,9 @@ fn kept_by(found: &LookFound) -> Outcome {
 
 /// Releases a group of files of one network directory: the plugin's lock
 /// is taken once and held across the group; under it, one last look (taken
-/// when the first file passes its re-read) serves every file, and each file
-/// is re-read and compared before its unlink. `dry_run`: no lock (taking it
+/// when the first file passes its re-read) serves every file, and every
+/// file is re-read and compared before the unlinks of those that passed
+/// (after the intents' fsync, see `durable`). `dry_run`: no lock (taking it
 /// could create the lock file), no unlink; the same reads. Outcomes in the
 /// order of `files`. The directory is not fsync'd here (the caller does it
 /// once per directory, after the lock is released).
@@ -118,8 +119,7 @@ pub(crate) fn release_group(
     }, Underway::complete)
 }
 
-/// How long a group's release waits for its network's lock and for its
-/// batch's intents to be durable.
+/// How long a group's release waits for its network's lock.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Patience {
     /// For the lock up to this long (then `LockBusy`).
