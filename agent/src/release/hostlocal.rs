@@ -112,11 +112,14 @@ pub(crate) fn release_group(
     dry_run: bool,
     durable: &Durable,
 ) -> Vec<(Outcome, ReleaseTimings)> {
-    release_group_with(network_dir, files, look, Patience::Wait(lock_timeout), dry_run, durable).map_or_else(|| {
-        // Not reached: only `Patience::Now` gives up.
-        let outcome = Outcome::Failed { error: "the release gave up waiting".into() };
-        files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect()
-    }, Underway::complete)
+    release_group_with(network_dir, files, look, Patience::Wait(lock_timeout), dry_run, durable).map_or_else(
+        || {
+            // Not reached: only `Patience::Now` gives up.
+            let outcome = Outcome::Failed { error: "the release gave up waiting".into() };
+            files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect()
+        },
+        Underway::complete,
+    )
 }
 
 /// How long a group's release waits for its network's lock.

@@ -200,10 +200,8 @@ impl Releaser {
         if accepted.len() > ACT_NOW_MAX_FILES || accepted.iter().any(|(_, f)| f.network_dir != first.network_dir) {
             return begun;
         }
-        let files: Vec<(&Reservation, &hostlocal::ReservationFile)> = accepted
-            .iter()
-            .filter_map(|(i, file)| Some((&begun.verdicts.get(*i)?.reservation, file)))
-            .collect();
+        let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
+            accepted.iter().filter_map(|(i, file)| Some((&begun.verdicts.get(*i)?.reservation, file))).collect();
         let handoff_us = durable.since_begun_us();
         let acted = hostlocal::release_group_with(
             &first.network_dir,
@@ -352,7 +350,10 @@ impl Releaser {
             // Acted on at once: the batch was this one group (`act_now`).
             let (mut outcomes, handoff_us) = match acted.take() {
                 Some((underway, handoff_us)) if groups.len() == 1 => (underway.complete(), handoff_us),
-                _ => (hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable), handoff_us),
+                _ => (
+                    hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable),
+                    handoff_us,
+                ),
             };
             for (_, t) in &mut outcomes {
                 t.handoff_us = handoff_us;
@@ -673,7 +674,11 @@ mod tests {
         }
         let orphans = |filter: &dyn Fn(&Reservation) -> bool| -> Vec<Verdict> {
             let scan = HostLocalStore::new(&data).scan();
-            scan.reservations.iter().filter(|r| filter(r)).map(|r| Verdict::new(r, Status::Orphaned, Vec::new())).collect()
+            scan.reservations
+                .iter()
+                .filter(|r| filter(r))
+                .map(|r| Verdict::new(r, Status::Orphaned, Vec::new()))
+                .collect()
         };
         let two_networks = orphans(&|r| r.ip.to_string() == "10.250.1.6" || r.network == "nrother");
         let many = orphans(&|r| r.network == "nrbegin" && r.ip.to_string() != "10.250.1.6");
