@@ -622,6 +622,8 @@ mod tests {
         let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.4");
         let path = orphan.reservation.path.clone();
         let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // There before: the witness tells a lock held from none taken.
+        fs::File::create(data.join("nrbegin/lock")).unwrap();
         releaser.set_last_look(Box::new(LockWitness(data.join("nrbegin/lock"), Arc::clone(&held))));
         let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
         let begun = releaser.act_now(begun);
