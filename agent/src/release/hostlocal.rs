@@ -235,6 +235,19 @@ pub(crate) fn release_group_with(
     if passed.is_empty() {
         return Some(Underway { out, unlinks: None });
     }
+    let unlinks = unlink_when_durable(dir, guard, passed, durable);
+    Some(Underway { out, unlinks: Some(unlinks) })
+}
+
+/// The unlinks of the files that passed (index into the group's outcomes,
+/// name, path), once the intents are durable; their results come on the
+/// receiver.
+fn unlink_when_durable(
+    dir: Arc<Dir>,
+    guard: Option<FlockGuard>,
+    passed: Vec<(usize, String, PathBuf)>,
+    durable: &Durable,
+) -> mpsc::Receiver<Unlinked> {
     // The unlinks wait for the intents' fsync: run by this thread if it
     // has ended, else by the thread that ends it, at once (no wake-up of
     // this one before the unlink). They own the lock: it is let go only
@@ -261,7 +274,7 @@ pub(crate) fn release_group_with(
         // The group may have stopped waiting (it panicked): nothing to tell.
         let _ = done.send(results);
     }));
-    Some(Underway { out, unlinks: Some(unlinks) })
+    unlinks
 }
 
 /// Unlinks' results: (index into the group's outcomes, outcome, unlink and
