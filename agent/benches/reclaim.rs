@@ -267,6 +267,8 @@ fn latency() -> Value {
     let (mut kernel_v, mut release_v, mut share_v) = (Vec::new(), Vec::new(), Vec::new());
     // IP -> when the plain listener heard the kernel's RTM_DELNSID.
     let mut kernel_at: HashMap<String, SystemTime> = HashMap::new();
+    // IP -> when the bench saw its file go.
+    let mut removed_at: HashMap<String, SystemTime> = HashMap::new();
     let mut missing_nsid = 0;
     for (pod, ip) in pods.iter_mut().zip(&ips) {
         let nsid = ids.get(&pod.name).copied();
@@ -279,6 +281,7 @@ fn latency() -> Value {
             }
         };
         release_v.push(since(t0, released));
+        removed_at.insert(ip.clone(), released);
         let Some(nsid) = nsid else {
             missing_nsid += 1;
             continue;
@@ -300,7 +303,7 @@ fn latency() -> Value {
     }
     // The last release event is written just after its unlink.
     wait_until(Duration::from_secs(2), || release_latencies(&agent).len() >= LEAKS);
-    let parts = release_parts(&agent, &lab.state_dir, &kernel_at);
+    let parts = release_parts(&agent, &lab.state_dir, &kernel_at, &removed_at);
     json!({
         "leaks": LEAKS,
         "parts": parts,
@@ -318,7 +321,12 @@ fn latency() -> Value {
 /// time of death), decide (death to the batch's intent), then what the
 /// journal's outcome records (intent fsync, lock, re-read, last look,
 /// unlink, directory fsync). Distributions over the released leaks.
-fn release_parts(agent: &Agent, state_dir: &Path, kernel_at: &HashMap<String, SystemTime>) -> Value {
+fn release_parts(
+    agent: &Agent,
+    state_dir: &Path,
+    kernel_at: &HashMap<String, SystemTime>,
+    removed_at: &HashMap<String, SystemTime>,
+) -> Value {
     let parse_time = |v: &Value| v.as_str().and_then(|t| humantime::parse_rfc3339(t).ok());
     let journal = std::fs::read_to_string(state_dir.join("journal.jsonl")).unwrap_or_default();
     let lines: Vec<Value> = journal.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
@@ -349,14 +357,39 @@ fn release_parts(agent: &Agent, state_dir: &Path, kernel_at: &HashMap<String, Sy
             event_died.insert(ip.to_owned(), at - Duration::from_secs_f64(lat));
         }
     }
-    let names = ["intent_fsync_us", "intent_wait_us", "lock_us", "reread_us", "look_us", "unlink_us", "dir_fsync_us"];
+    let names = [
+        "intent_fsync_us",
+        "intent_wait_us",
+        "handoff_us",
+        "lock_us",
+        "reread_us",
+        "look_us",
+        "unlink_us",
+        "unlinked_us",
+        "dir_fsync_us",
+    ];
     let mut timed: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
-    let (mut receive, mut decide_v) = (Vec::new(), Vec::new());
+    let (mut receive, mut decide_v, mut seen_v, mut untimed_v) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for l in lines.iter().filter(|l| l["record"] == "outcome" && l["outcome"]["result"] == "released") {
         let Some((ip, intent_at, died)) = l["id"].as_str().and_then(|id| intents.get(id)) else { continue };
         if let (Some(kernel), Some(died)) = (kernel_at.get(ip), died.as_ref().or_else(|| event_died.get(ip))) {
             receive.push(died.duration_since(*kernel).unwrap_or_default());
             decide_v.push(intent_at.duration_since(*died).unwrap_or_default());
+        }
+        // The intent's time plus the path to its unlink, against the
+        // bench's inotify: what the share holds after the unlink.
+        if let (Some(us), Some(removed)) = (l["timings"]["unlinked_us"].as_u64(), removed_at.get(ip))
+            && us > 0
+        {
+            seen_v.push(removed.duration_since(*intent_at + Duration::from_micros(us)).unwrap_or_default());
+        }
+        // Per release, what the timed parts leave of intent -> unlink (a
+        // sum of medians is not the median of the sums).
+        let part = |name: &str| l["timings"][name].as_u64().unwrap_or(0);
+        if part("unlinked_us") > 0 {
+            let timed: u64 =
+                ["handoff_us", "lock_us", "reread_us", "look_us", "intent_wait_us", "unlink_us"].map(part).iter().sum();
+            untimed_v.push(Duration::from_micros(part("unlinked_us").saturating_sub(timed)));
         }
         for name in names {
             if let Some(us) = l["timings"][name].as_u64() {
@@ -367,6 +400,8 @@ fn release_parts(agent: &Agent, state_dir: &Path, kernel_at: &HashMap<String, Sy
     let mut out = serde_json::Map::new();
     out.insert("netlink_receive".into(), dist(receive));
     out.insert("decide_to_intent".into(), dist(decide_v));
+    out.insert("seen_after_unlink".into(), dist(seen_v));
+    out.insert("untimed".into(), dist(untimed_v));
     for (name, v) in timed {
         out.insert(name.trim_end_matches("_us").to_owned(), dist(v));
     }
@@ -875,10 +910,14 @@ fn table(items: &BTreeMap<String, Value>) -> String {
             ("decide_to_intent", "decide (death -> batch intent written)"),
             ("intent_fsync", "journal fsync (intents, beside lock + look; outcomes: same kind)"),
             ("intent_wait", "the unlink's wait for the intents' fsync"),
+            ("handoff", "intents' write + hand-off to the store work"),
             ("lock", "lock (open + flock)"),
             ("reread", "re-read + compare"),
             ("look", "last look (under the lock)"),
             ("unlink", "unlink"),
+            ("unlinked", "intents' write -> unlink done (all of the above)"),
+            ("untimed", "intents' write -> unlink done less its timed parts, per release"),
+            ("seen_after_unlink", "unlink done -> the bench sees it (inotify)"),
             ("dir_fsync", "directory fsync"),
         ];
         for (key, what) in parts {

@@ -426,8 +426,9 @@ impl Agent {
     }
 
     /// Hands the orphans the retry gate admits to a release batch on the
-    /// blocking pool (flock waits and fsyncs stay off the event thread); its
-    /// records come back through `release_done`. One batch at a time: while
+    /// blocking pool (flock waits and fsyncs stay off the event thread; a
+    /// small batch whose lock is free is started here, see below);
+    /// its records come back through `release_done`. One batch at a time: while
     /// one runs, orphans wait for the reconcile that follows it. Returns
     /// whether a batch was handed off.
     fn start_release(
@@ -476,7 +477,12 @@ impl Agent {
         // The intents are written here and their fsync starts at once: it
         // does not wait for the blocking pool's thread to be woken and given
         // a core (a journal that cannot be written fails the batch there).
-        let begun = releaser.begin_orphaned(batch);
+        // A small batch of one network whose lock is free is started here
+        // too (`Releaser::act_now`: one try of the lock, the re-reads and
+        // one last look under it, no wait; its unlinks follow the fsync on
+        // the thread that ends it): the lock and the look no longer wait
+        // for the pool's thread. The rest stays there.
+        let begun = releaser.begin_orphaned(batch).map(|begun| releaser.act_now(begun));
         tokio::task::spawn_blocking(move || {
             let result = begun.and_then(|begun| releaser.finish_orphaned(begun));
             // The receiver lives as long as the event loop; if it is gone

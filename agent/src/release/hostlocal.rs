@@ -10,6 +10,7 @@ use std::{
     io,
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
 
@@ -97,8 +98,9 @@ fn kept_by(found: &LookFound) -> Outcome {
 
 /// Releases a group of files of one network directory: the plugin's lock
 /// is taken once and held across the group; under it, one last look (taken
-/// when the first file passes its re-read) serves every file, and each file
-/// is re-read and compared before its unlink. `dry_run`: no lock (taking it
+/// when the first file passes its re-read) serves every file, and every
+/// file is re-read and compared before the unlinks of those that passed
+/// (after the intents' fsync, see `durable`). `dry_run`: no lock (taking it
 /// could create the lock file), no unlink; the same reads. Outcomes in the
 /// order of `files`. The directory is not fsync'd here (the caller does it
 /// once per directory, after the lock is released).
@@ -110,13 +112,49 @@ pub(crate) fn release_group(
     dry_run: bool,
     durable: &Durable,
 ) -> Vec<(Outcome, ReleaseTimings)> {
-    let all = |outcome: Outcome| files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
+    release_group_with(network_dir, files, look, Patience::Wait(lock_timeout), dry_run, durable).map_or_else(
+        || {
+            // Not reached: only `Patience::Now` gives up.
+            let outcome = Outcome::Failed { error: "the release gave up waiting".into() };
+            files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect()
+        },
+        Underway::complete,
+    )
+}
+
+/// How long a group's release waits for its network's lock.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Patience {
+    /// For the lock up to this long (then `LockBusy`).
+    Wait(Duration),
+    /// On a thread that must not block for long (the agent's event loop):
+    /// the lock only if it is free now; held, the group gives up before any
+    /// store change (None).
+    Now,
+}
+
+/// [`release_group`] with the given patience, up to the unlinks: they are
+/// left waiting for the intents' fsync ([`Underway::complete`] waits for
+/// them). None: `Patience::Now` gave up (the lock held by someone else),
+/// and no store was changed: the group is to be released again, waiting.
+pub(crate) fn release_group_with(
+    network_dir: &Path,
+    files: &[(&Reservation, &ReservationFile)],
+    look: &mut dyn LastLook,
+    patience: Patience,
+    dry_run: bool,
+    durable: &Durable,
+) -> Option<Underway> {
+    let all = |outcome: Outcome| {
+        let out = files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
+        Some(Underway { out, unlinks: None })
+    };
     let dir = match open_dir(network_dir) {
-        Ok(dir) => dir,
+        Ok(dir) => Arc::new(dir),
         Err(outcome) => return all(outcome),
     };
     let lock_wait = Instant::now();
-    let _guard = if dry_run {
+    let guard = if dry_run {
         None
     } else {
         let lock_file = match dir.open_lock(LOCK_FILE) {
@@ -129,12 +167,25 @@ pub(crate) fn release_group(
                 return all(Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", network_dir.display()) });
             }
         };
-        match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
+        let locked = match patience {
+            Patience::Wait(lock_timeout) => FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout),
+            // Held (a plugin running): the caller waits elsewhere.
+            Patience::Now => match FlockGuard::try_lock_exclusive(lock_file) {
+                Ok(Some(guard)) => Ok(Ok(guard)),
+                Ok(None) => return None,
+                Err(e) => Err(e),
+            },
+        };
+        match locked {
             Ok(Ok(guard)) => Some(guard),
             Ok(Err(busy_lock)) => {
+                let waited_ms = match patience {
+                    Patience::Wait(lock_timeout) => lock_timeout.as_millis() as u64,
+                    Patience::Now => 0,
+                };
                 return all(Outcome::LockBusy {
                     lock: network_dir.join(LOCK_FILE),
-                    waited_ms: lock_timeout.as_millis() as u64,
+                    waited_ms,
                     holders: FlockGuard::holders(&busy_lock),
                 });
             }
@@ -145,9 +196,11 @@ pub(crate) fn release_group(
     };
     let lock_wait_us = micros(lock_wait);
     // Critical section: per file, re-read and compare, the group's one last
-    // look (asked now that the lock is held), the unlink.
+    // look (asked now that the lock is held); then the unlinks of the files
+    // that passed, once the intents are durable.
     let mut sighting: Option<(Result<Sighting, LookFound>, u64)> = None;
     let mut out = Vec::with_capacity(files.len());
+    let mut passed: Vec<(usize, String, PathBuf)> = Vec::new();
     for (r, f) in files {
         let mut timings = ReleaseTimings { lock_us: lock_wait_us, ..ReleaseTimings::default() };
         let reread = Instant::now();
@@ -170,25 +223,88 @@ pub(crate) fn release_group(
             match found {
                 Some(found) => kept_by(&found),
                 None if dry_run => Outcome::WouldRelease { cache_entries: Vec::new(), cache_notes: Vec::new() },
-                None => 'unlink: {
-                    // The batch's intents must be on disk first.
-                    if let Err(why) = durable.wait() {
-                        break 'unlink Outcome::Failed { error: why };
-                    }
-                    let unlink = Instant::now();
-                    let outcome = match dir.unlink(&f.name) {
-                        Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
-                        Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
-                        Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", r.path.display()) },
-                    };
-                    timings.unlink_us = micros(unlink);
-                    outcome
+                None => {
+                    passed.push((out.len(), f.name.clone(), r.path.clone()));
+                    // Replaced by the unlink's outcome (see `Underway::complete`).
+                    Outcome::Failed { error: "the unlink did not report".into() }
                 }
             }
         };
         out.push((outcome, timings));
     }
-    out
+    if passed.is_empty() {
+        return Some(Underway { out, unlinks: None });
+    }
+    let unlinks = unlink_when_durable(dir, guard, passed, durable);
+    Some(Underway { out, unlinks: Some(unlinks) })
+}
+
+/// The unlinks of the files that passed (index into the group's outcomes,
+/// name, path), once the intents are durable; their results come on the
+/// receiver.
+fn unlink_when_durable(
+    dir: Arc<Dir>,
+    guard: Option<FlockGuard>,
+    passed: Vec<(usize, String, PathBuf)>,
+    durable: &Durable,
+) -> mpsc::Receiver<Unlinked> {
+    // The unlinks wait for the intents' fsync: run by this thread if it
+    // has ended, else by the thread that ends it, at once (no wake-up of
+    // this one before the unlink). They own the lock: it is let go only
+    // after them, even if no one waits for their results any more.
+    let (done, unlinks) = mpsc::sync_channel(1);
+    let since_begun = durable.since_begun();
+    durable.when_durable(Box::new(move |durable: Result<(), String>| {
+        let _guard = guard;
+        let results: Unlinked = match &durable {
+            Ok(()) => passed
+                .into_iter()
+                .map(|(i, name, path)| {
+                    let unlink = Instant::now();
+                    let outcome = match dir.unlink(&name) {
+                        Ok(()) => Outcome::Released { cache_entries_removed: Vec::new(), cache_notes: Vec::new() },
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
+                        Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", path.display()) },
+                    };
+                    (i, outcome, micros(unlink), micros(since_begun))
+                })
+                .collect(),
+            Err(why) => passed.into_iter().map(|(i, ..)| (i, Outcome::Failed { error: why.clone() }, 0, 0)).collect(),
+        };
+        // The group may have stopped waiting (it panicked): nothing to tell.
+        let _ = done.send(results);
+    }));
+    unlinks
+}
+
+/// Unlinks' results: (index into the group's outcomes, outcome, unlink and
+/// intents-to-unlink micro-seconds).
+type Unlinked = Vec<(usize, Outcome, u64, u64)>;
+
+/// A group's release under way: its files re-read and looked at under its
+/// lock, the unlinks of those that passed (holding the lock) waiting for
+/// the batch's intents to be durable (see `release_group_with`).
+pub(crate) struct Underway {
+    out: Vec<(Outcome, ReleaseTimings)>,
+    unlinks: Option<mpsc::Receiver<Unlinked>>,
+}
+
+impl Underway {
+    /// Waits for the unlinks (the intents' fsync first; the lock is let go
+    /// after them). Outcomes in the order of the group's files.
+    pub(crate) fn complete(self) -> Vec<(Outcome, ReleaseTimings)> {
+        let Self { mut out, unlinks } = self;
+        // Dropped unrun (the sync never happened): nothing was unlinked,
+        // and the outcomes say the unlink did not report.
+        for (i, outcome, unlink_us, unlinked_us) in unlinks.and_then(|u| u.recv().ok()).unwrap_or_default() {
+            if let Some((o, t)) = out.get_mut(i) {
+                *o = outcome;
+                t.unlink_us = unlink_us;
+                t.unlinked_us = unlinked_us;
+            }
+        }
+        out
+    }
 }
 
 /// fsyncs a network directory so its unlinks are durable.

@@ -175,15 +175,52 @@ impl Releaser {
     /// woken and scheduled).
     pub fn begin_orphaned(&mut self, verdicts: Vec<Verdict>) -> Result<Begun, ReleaseError> {
         let started = self.begin(&verdicts, &orphans_of(&verdicts))?;
-        Ok(Begun { verdicts, started })
+        Ok(Begun { verdicts, started, acted: None })
+    }
+
+    /// Starts the store work of a begun batch on this thread, at once, when
+    /// that is short: a batch of one network's files, at most
+    /// [`ACT_NOW_MAX_FILES`], whose lock is free now. On this thread that is
+    /// one try of the lock, the re-reads and one last look under the lock;
+    /// the unlinks follow the intents' fsync, on this thread if it has
+    /// ended, else on the thread that ends it. Nothing waits here: the lock
+    /// stays held until [`Self::finish_orphaned`] (which must be called
+    /// either way) has the unlinks' results, and it does the directory's
+    /// fsync, the cache entries and the outcomes. Otherwise (a larger
+    /// batch, the lock held) no store is changed here and it does all of
+    /// it. The agent calls this on its event loop: the lock and the look no
+    /// longer wait for the blocking pool's thread to be woken, nor the
+    /// unlink for a thread woken after the fsync.
+    pub fn act_now(&mut self, mut begun: Begun) -> Begun {
+        let Some((_, durable, _)) = begun.started.journaled.as_ref().filter(|_| begun.acted.is_none()) else {
+            return begun;
+        };
+        let accepted = &begun.started.accepted;
+        let Some((_, first)) = accepted.first() else { return begun };
+        if accepted.len() > ACT_NOW_MAX_FILES || accepted.iter().any(|(_, f)| f.network_dir != first.network_dir) {
+            return begun;
+        }
+        let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
+            accepted.iter().filter_map(|(i, file)| Some((&begun.verdicts.get(*i)?.reservation, file))).collect();
+        let handoff_us = durable.since_begun_us();
+        let acted = hostlocal::release_group_with(
+            &first.network_dir,
+            &files,
+            self.look.as_mut(),
+            hostlocal::Patience::Now,
+            self.config.dry_run,
+            durable,
+        );
+        begun.acted = acted.map(|underway| (underway, handoff_us));
+        begun
     }
 
     /// The second half of [`Self::release_orphaned`]: the store work of a
     /// batch begun by [`Self::begin_orphaned`], every change after the
     /// intents' fsync.
     pub fn finish_orphaned(&mut self, begun: Begun) -> Result<Vec<ReleaseRecord>, ReleaseError> {
-        let Begun { verdicts, started } = begun;
-        self.finish(started, &verdicts)
+        let Begun { verdicts, started, acted } = begun;
+        self.finish_acted(started, &verdicts, acted)
     }
 
     /// Refuses the orphans (indices into `verdicts`) outside the configured
@@ -192,6 +229,7 @@ impl Releaser {
     /// orphan: `verdicts` is a whole scan, to know an attachment's other
     /// IPs; one alone reads them from the store.
     fn begin(&mut self, verdicts: &[Verdict], orphans: &[usize]) -> Result<Started, ReleaseError> {
+        let begun = std::time::Instant::now();
         let dry_run = self.config.dry_run;
         let mut refused = Vec::new();
         let mut accepted = Vec::with_capacity(orphans.len());
@@ -221,7 +259,7 @@ impl Releaser {
         }
         // The fsync on the syncer thread, the store work in `finish` (see
         // `durable`): every store change waits for the fsync.
-        let durable = Arc::new(Durable::pending());
+        let durable = Arc::new(Durable::pending_since(begun));
         let syncing = durable::sync_beside(&durable, unsynced);
         Ok(Started { refused, accepted, whole, journaled: Some((intents, durable, syncing)) })
     }
@@ -229,13 +267,24 @@ impl Releaser {
     /// Acts on a begun batch network by network, once every store change
     /// may go (see `begin`), and records the outcomes.
     fn finish(&mut self, started: Started, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
+        self.finish_acted(started, verdicts, None)
+    }
+
+    /// [`Self::finish`], the batch's one group already acted on when
+    /// `acted` holds its outcomes ([`Self::act_now`]).
+    fn finish_acted(
+        &mut self,
+        started: Started,
+        verdicts: &[Verdict],
+        acted: Option<(hostlocal::Underway, u64)>,
+    ) -> Result<Vec<ReleaseRecord>, ReleaseError> {
         let Started { refused: mut records, accepted, whole, journaled } = started;
         let Some((intents, durable, syncing)) = journaled else { return Ok(records) };
         let dry_run = self.config.dry_run;
         let scan = whole.then_some(verdicts);
         let accepted: Vec<(&Verdict, hostlocal::ReservationFile)> =
             accepted.into_iter().filter_map(|(i, file)| Some((verdicts.get(i)?, file))).collect();
-        let results = self.act_on(&accepted, scan, &durable);
+        let results = self.act_on(&accepted, scan, &durable, acted);
         if let Err(e) = syncing.result() {
             // Nothing was changed (every store change waited for this).
             self.journal.forget_intents(&intents);
@@ -274,8 +323,10 @@ impl Releaser {
         accepted: &[(&Verdict, hostlocal::ReservationFile)],
         scan: Option<&[Verdict]>,
         durable: &Durable,
+        mut acted: Option<(hostlocal::Underway, u64)>,
     ) -> Vec<(Outcome, ReleaseTimings)> {
         let dry_run = self.config.dry_run;
+        let handoff_us = durable.since_begun_us();
         // Each attachment's IPs as the scan saw them; released ones leave.
         let mut held: HashMap<(&Path, &str), Vec<&Reservation>> = HashMap::new();
         for v in scan.unwrap_or_default() {
@@ -296,8 +347,17 @@ impl Releaser {
         for (dir, members) in &groups {
             let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
                 members.iter().map(|&i| (&accepted[i].0.reservation, &accepted[i].1)).collect();
-            let mut outcomes =
-                hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable);
+            // Acted on at once: the batch was this one group (`act_now`).
+            let (mut outcomes, handoff_us) = match acted.take() {
+                Some((underway, handoff_us)) if groups.len() == 1 => (underway.complete(), handoff_us),
+                _ => (
+                    hostlocal::release_group(dir, &files, self.look.as_mut(), lock_timeout, dry_run, durable),
+                    handoff_us,
+                ),
+            };
+            for (_, t) in &mut outcomes {
+                t.handoff_us = handoff_us;
+            }
             if !dry_run && outcomes.iter().any(|(o, _)| o.released()) {
                 let sync = std::time::Instant::now();
                 hostlocal::sync_network_dir(dir);
@@ -472,7 +532,14 @@ fn orphans_of(verdicts: &[Verdict]) -> Vec<usize> {
 pub struct Begun {
     verdicts: Vec<Verdict>,
     started: Started,
+    /// The batch's one group when [`Releaser::act_now`] started it (its
+    /// lock held, its look taken), with when it started.
+    acted: Option<(hostlocal::Underway, u64)>,
 }
+
+/// The most files [`Releaser::act_now`] releases on the caller's thread
+/// (a pod's attachments in one network: dual stack, a few interfaces).
+pub const ACT_NOW_MAX_FILES: usize = 4;
 
 /// A batch's first half, apart from its verdicts (see `Releaser::begin`).
 struct Started {
@@ -533,6 +600,100 @@ mod tests {
         assert!(record.outcome.released(), "{}", record.outcome);
         assert!(!path.exists());
         assert!(releaser.journal().pending().is_empty(), "the outcome was not recorded");
+    }
+
+    /// Whether the network's lock was held when the last look was asked
+    /// (tried from another open file, as a plugin would).
+    struct LockWitness(PathBuf, Arc<std::sync::Mutex<Vec<bool>>>);
+
+    impl lastlook::LastLook for LockWitness {
+        fn look(&mut self, _asked: &[IpAddr]) -> Result<lastlook::Sighting, lastlook::LookFound> {
+            let file = fs::File::open(&self.0).unwrap();
+            let free = crate::ipam::safefs::FlockGuard::try_lock_exclusive(file).unwrap().is_some();
+            self.1.lock().unwrap().push(!free);
+            Ok(lastlook::Sighting::nothing())
+        }
+    }
+
+    #[test]
+    fn act_now_unlinks_under_the_free_lock_and_leaves_the_outcome_to_finish() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.4");
+        let path = orphan.reservation.path.clone();
+        let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // There before: the witness tells a lock held from none taken.
+        fs::File::create(data.join("nrbegin/lock")).unwrap();
+        releaser.set_last_look(Box::new(LockWitness(data.join("nrbegin/lock"), Arc::clone(&held))));
+        let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+        let begun = releaser.act_now(begun);
+        assert!(begun.acted.is_some(), "the lock was free, yet the batch was left to finish");
+        assert_eq!(*held.lock().unwrap(), [true], "the last look was not asked once under the lock");
+        // Unlinked once the intents are durable (by the syncer thread),
+        // without finish.
+        let t = std::time::Instant::now();
+        while path.exists() && t.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!path.exists(), "not unlinked before finish");
+        assert_eq!(releaser.journal().pending().len(), 1, "the outcome was recorded before finish");
+        let records = releaser.finish_orphaned(begun).unwrap();
+        let [record] = records.as_slice() else { panic!("one record: {records:?}") };
+        assert!(record.outcome.released(), "{}", record.outcome);
+        assert_eq!(held.lock().unwrap().len(), 1, "finish looked again");
+        assert!(releaser.journal().pending().is_empty(), "the outcome was not recorded");
+    }
+
+    #[test]
+    fn act_now_changes_nothing_while_the_plugin_holds_the_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, orphan) = releaser_and_orphan(&state, &data, "10.250.1.5");
+        let path = orphan.reservation.path.clone();
+        let lock = fs::File::create(data.join("nrbegin/lock")).unwrap();
+        let plugin = crate::ipam::safefs::FlockGuard::try_lock_exclusive(lock).unwrap().unwrap();
+        let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+        let t = std::time::Instant::now();
+        let begun = releaser.act_now(begun);
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "act_now waited for the lock");
+        assert!(begun.acted.is_none(), "act_now acted with the lock held");
+        assert!(path.exists(), "a store changed while the plugin held the lock");
+        drop(plugin);
+        let records = releaser.finish_orphaned(begun).unwrap();
+        assert!(records[0].outcome.released(), "{}", records[0].outcome);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn act_now_leaves_a_batch_of_two_networks_or_many_files_to_finish() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, _) = releaser_and_orphan(&state, &data, "10.250.1.6");
+        fs::create_dir_all(data.join("nrother")).unwrap();
+        fs::write(data.join("nrother/10.250.2.6"), "cid-other\r\neth0").unwrap();
+        for n in 7..8 + ACT_NOW_MAX_FILES {
+            fs::write(data.join(format!("nrbegin/10.250.1.{n}")), format!("cid-{n}\r\neth0")).unwrap();
+        }
+        let orphans = |filter: &dyn Fn(&Reservation) -> bool| -> Vec<Verdict> {
+            let scan = HostLocalStore::new(&data).scan();
+            scan.reservations
+                .iter()
+                .filter(|r| filter(r))
+                .map(|r| Verdict::new(r, Status::Orphaned, Vec::new()))
+                .collect()
+        };
+        let two_networks = orphans(&|r| r.ip.to_string() == "10.250.1.6" || r.network == "nrother");
+        let many = orphans(&|r| r.network == "nrbegin" && r.ip.to_string() != "10.250.1.6");
+        assert_eq!((two_networks.len(), many.len()), (2, ACT_NOW_MAX_FILES + 1));
+        for batch in [two_networks, many] {
+            let paths: Vec<PathBuf> = batch.iter().map(|v| v.reservation.path.clone()).collect();
+            let begun = releaser.begin_orphaned(batch).unwrap();
+            let begun = releaser.act_now(begun);
+            assert!(begun.acted.is_none());
+            assert!(paths.iter().all(|p| p.exists()), "act_now changed a store of a batch it should leave");
+            let records = releaser.finish_orphaned(begun).unwrap();
+            assert!(records.iter().all(|r| r.outcome.released()), "{records:?}");
+        }
     }
 
     #[test]

@@ -30,6 +30,16 @@ pub struct ReleaseTimings {
     pub unlink_us: u64,
     /// fsync of the network directory after the group's unlinks.
     pub dir_fsync_us: u64,
+    /// From just before the batch's intents were written to the start of
+    /// its store work: the intents' write and the hand-off to the thread
+    /// that does the store work. (Journals before it existed read 0.)
+    #[serde(default)]
+    pub handoff_us: u64,
+    /// From just before the intents were written to this release's unlink
+    /// done: the whole of the release path after the decision, so what the
+    /// parts above leave out shows. (Journals before it existed read 0.)
+    #[serde(default)]
+    pub unlinked_us: u64,
 }
 
 /// Micro-seconds since `t`, for [`ReleaseTimings`].
