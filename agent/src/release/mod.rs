@@ -89,6 +89,10 @@ pub struct Releaser {
     config: ReleaserConfig,
     /// Asked under the plugin's lock right before each unlink.
     look: Box<dyn lastlook::LastLook>,
+    /// How long the last look took, in micro-seconds (0: none yet). A look
+    /// walks every process of the node: [`Self::act_now`] stays off the
+    /// caller's thread while the last one took long.
+    last_look_us: u64,
 }
 
 impl std::fmt::Debug for Releaser {
@@ -100,7 +104,7 @@ impl std::fmt::Debug for Releaser {
 impl Releaser {
     #[must_use]
     pub fn new(journal: Journal, config: ReleaserConfig) -> Self {
-        Self { journal, config, look: Box::new(lastlook::KernelLook::default()) }
+        Self { journal, config, look: Box::new(lastlook::KernelLook::default()), last_look_us: 0 }
     }
 
     /// The last look for the next releases (the daemon gives one per batch,
@@ -180,7 +184,8 @@ impl Releaser {
 
     /// Starts the store work of a begun batch on this thread, at once, when
     /// that is short: a batch of one network's files, at most
-    /// [`ACT_NOW_MAX_FILES`], whose lock is free now. On this thread that is
+    /// [`ACT_NOW_MAX_FILES`], whose lock is free now, while the last look
+    /// took at most [`ACT_NOW_MAX_LOOK_US`]. On this thread that is
     /// one try of the lock, the re-reads and one last look under the lock;
     /// the unlinks follow the intents' fsync, on this thread if it has
     /// ended, else on the thread that ends it. Nothing waits here: the lock
@@ -195,6 +200,9 @@ impl Releaser {
         let Some((_, durable, _)) = begun.started.journaled.as_ref().filter(|_| begun.acted.is_none()) else {
             return begun;
         };
+        if self.last_look_us > ACT_NOW_MAX_LOOK_US {
+            return begun;
+        }
         let accepted = &begun.started.accepted;
         let Some((_, first)) = accepted.first() else { return begun };
         if accepted.len() > ACT_NOW_MAX_FILES || accepted.iter().any(|(_, f)| f.network_dir != first.network_dir) {
@@ -358,6 +366,8 @@ impl Releaser {
             for (_, t) in &mut outcomes {
                 t.handoff_us = handoff_us;
             }
+            // The group's look (0: none asked, as when every re-read failed).
+            self.last_look_us = outcomes.iter().map(|(_, t)| t.look_us).max().unwrap_or(0);
             if !dry_run && outcomes.iter().any(|(o, _)| o.released()) {
                 let sync = std::time::Instant::now();
                 hostlocal::sync_network_dir(dir);
@@ -541,6 +551,12 @@ pub struct Begun {
 /// (a pod's attachments in one network: dual stack, a few interfaces).
 pub const ACT_NOW_MAX_FILES: usize = 4;
 
+/// The longest last look after which [`Releaser::act_now`] still runs the
+/// next one on the caller's thread (the agent's event loop). A node with
+/// thousands of processes takes longer (about 8 us each), and its looks
+/// stay on the blocking pool: the event loop is not held up per death.
+pub const ACT_NOW_MAX_LOOK_US: u64 = 2_000;
+
 /// A batch's first half, apart from its verdicts (see `Releaser::begin`).
 struct Started {
     /// The orphans refused, with their records.
@@ -642,6 +658,44 @@ mod tests {
         assert!(record.outcome.released(), "{}", record.outcome);
         assert_eq!(held.lock().unwrap().len(), 1, "finish looked again");
         assert!(releaser.journal().pending().is_empty(), "the outcome was not recorded");
+    }
+
+    /// A last look that takes this long and finds nothing.
+    struct SlowLook(std::time::Duration);
+
+    impl lastlook::LastLook for SlowLook {
+        fn look(&mut self, _asked: &[IpAddr]) -> Result<lastlook::Sighting, lastlook::LookFound> {
+            std::thread::sleep(self.0);
+            Ok(lastlook::Sighting::nothing())
+        }
+    }
+
+    #[test]
+    fn act_now_leaves_the_look_to_finish_while_the_last_one_took_long() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, data) = (tmp.path().join("state"), tmp.path().join("networks"));
+        let (mut releaser, first) = releaser_and_orphan(&state, &data, "10.250.1.20");
+        let slow = std::time::Duration::from_micros(ACT_NOW_MAX_LOOK_US) * 2;
+        releaser.set_last_look(Box::new(SlowLook(slow)));
+        let mut acted = Vec::new();
+        let mut batch = |releaser: &mut Releaser, orphan: Verdict| {
+            let begun = releaser.begin_orphaned(vec![orphan]).unwrap();
+            let begun = releaser.act_now(begun);
+            acted.push(begun.acted.is_some());
+            let records = releaser.finish_orphaned(begun).unwrap();
+            assert!(records[0].outcome.released(), "{}", records[0].outcome);
+        };
+        // No look yet: acted on at once, and that look was slow.
+        batch(&mut releaser, first);
+        let (_, second) = releaser_and_orphan(&state.join("unused"), &data, "10.250.1.21");
+        batch(&mut releaser, second);
+        // The pool's look was quick again: the next one is acted on at once.
+        releaser.set_last_look(Box::new(lastlook::NoLook));
+        let (_, third) = releaser_and_orphan(&state.join("unused2"), &data, "10.250.1.22");
+        batch(&mut releaser, third);
+        let (_, fourth) = releaser_and_orphan(&state.join("unused3"), &data, "10.250.1.23");
+        batch(&mut releaser, fourth);
+        assert_eq!(acted, [true, false, false, true], "act_now after a first slow look, then a quick one");
     }
 
     #[test]
