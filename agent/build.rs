@@ -14,7 +14,9 @@ fn main() {
     let object = if let Some(prebuilt) = env::var_os("NETREAP_EBPF_OBJECT") {
         PathBuf::from(prebuilt)
     } else {
-        let ws = Workspace::locate();
+        // This crate's directory as cargo gives it now (a moved checkout).
+        let ws = env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(Workspace::locate, |dir| Workspace::of_member(&PathBuf::from(dir)));
         for path in ebpf::source_paths(&ws) {
             println!("cargo:rerun-if-changed={}", path.display());
         }

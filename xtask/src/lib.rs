@@ -54,9 +54,16 @@ impl Workspace {
     /// The workspace whose root holds `xtask/` (this crate's parent dir).
     #[must_use]
     pub fn locate() -> Self {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf);
+        Self::of_member(std::path::Path::new(env!("CARGO_MANIFEST_DIR")))
+    }
+
+    /// The workspace that `member_dir` (a member crate's directory) is in.
+    /// A build script passes its own, read when it runs: `locate` holds
+    /// the path this crate was compiled at, and cargo keeps that build when
+    /// the checkout moves.
+    #[must_use]
+    pub fn of_member(member_dir: &std::path::Path) -> Self {
+        let root = member_dir.parent().map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf);
         let target = std::env::var_os("NETREAP_TARGET_DIR").map_or_else(|| root.join("target"), PathBuf::from);
         Self { root, target }
     }
