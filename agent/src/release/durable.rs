@@ -78,13 +78,8 @@ impl Durable {
         Self { begun, ..Self::default() }
     }
 
-    /// Micro-seconds since the batch's intents began to be written.
-    pub(crate) fn since_begun_us(&self) -> u64 {
-        micros(self.begun)
-    }
-
     /// When the batch's intents began to be written.
-    pub(crate) fn since_begun(&self) -> Instant {
+    pub(crate) fn begun_at(&self) -> Instant {
         self.begun
     }
 
@@ -267,7 +262,7 @@ mod tests {
     use crate::{
         ipam::{ReservationStore, hostlocal::HostLocalStore},
         release::{
-            hostlocal::{Patience, release_group, release_group_with, reservation_file},
+            hostlocal::{release_group, reservation_file, try_release_group},
             lastlook::NoLook,
             outcome::Outcome,
         },
@@ -398,8 +393,8 @@ mod tests {
         // Not durable yet: started, nothing unlinked, the lock held.
         let (_, unsynced) = journal.write_intents(&[&verdict], false).unwrap();
         let durable = Durable::pending();
-        let underway = release_group_with(&file.network_dir, &files, &mut NoLook, Patience::Now, false, &durable)
-            .expect("the lock was free");
+        let underway =
+            try_release_group(&file.network_dir, &files, &mut NoLook, false, &durable).expect("the lock was free");
         assert!(r.path.exists(), "unlinked before the intents were synced");
         assert!(!lock_is_free(), "the lock was let go before the unlink");
         // The fsync ends on this thread, and the unlink with it.
@@ -418,8 +413,8 @@ mod tests {
         let (_, unsynced) = journal.write_intents(&[&verdict], false).unwrap();
         let durable = Durable::pending();
         let files = [(&r, &file)];
-        let underway = release_group_with(&file.network_dir, &files, &mut NoLook, Patience::Now, false, &durable)
-            .expect("the lock was free");
+        let underway =
+            try_release_group(&file.network_dir, &files, &mut NoLook, false, &durable).expect("the lock was free");
         // No one waits for the results any more: the look's approval must
         // not outlive the lock.
         drop(underway);
@@ -440,8 +435,8 @@ mod tests {
         let (r, file) = reservation_and_file(tmp.path());
         let durable = Durable::pending();
         let files = [(&r, &file)];
-        let underway = release_group_with(&file.network_dir, &files, &mut NoLook, Patience::Now, false, &durable)
-            .expect("the lock was free");
+        let underway =
+            try_release_group(&file.network_dir, &files, &mut NoLook, false, &durable).expect("the lock was free");
         assert!(durable.sync(&UnsyncedIntents::failing()).is_err());
         let outcomes = underway.complete();
         assert!(

@@ -112,89 +112,87 @@ pub(crate) fn release_group(
     dry_run: bool,
     durable: &Durable,
 ) -> Vec<(Outcome, ReleaseTimings)> {
-    release_group_with(network_dir, files, look, Patience::Wait(lock_timeout), dry_run, durable).map_or_else(
-        || {
-            // Not reached: only `Patience::Now` gives up.
-            let outcome = Outcome::Failed { error: "the release gave up waiting".into() };
-            files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect()
-        },
-        Underway::complete,
-    )
+    let lock_wait = Instant::now();
+    let locked = open_lock(network_dir, dry_run).and_then(|(dir, lock_file)| {
+        let Some(lock_file) = lock_file else { return Ok((dir, None)) };
+        match FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout) {
+            Ok(Ok(guard)) => Ok((dir, Some(guard))),
+            Ok(Err(busy_lock)) => Err(Outcome::LockBusy {
+                lock: network_dir.join(LOCK_FILE),
+                waited_ms: lock_timeout.as_millis() as u64,
+                holders: FlockGuard::holders(&busy_lock),
+            }),
+            Err(e) => Err(Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", network_dir.display()) }),
+        }
+    });
+    match locked {
+        Ok((dir, guard)) => release_locked(&dir, guard, micros(lock_wait), files, look, dry_run, durable).complete(),
+        Err(outcome) => all_alike(files, &outcome),
+    }
 }
 
-/// How long a group's release waits for its network's lock.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Patience {
-    /// For the lock up to this long (then `LockBusy`).
-    Wait(Duration),
-    /// On a thread that must not block for long (the agent's event loop):
-    /// the lock only if it is free now; held, the group gives up before any
-    /// store change (None).
-    Now,
-}
-
-/// [`release_group`] with the given patience, up to the unlinks: they are
-/// left waiting for the intents' fsync ([`Underway::complete`] waits for
-/// them). None: `Patience::Now` gave up (the lock held by someone else),
-/// and no store was changed: the group is to be released again, waiting.
-pub(crate) fn release_group_with(
+/// [`release_group`] on a thread that must not block for long (the
+/// agent's event loop), up to the unlinks: the lock only if it is free now,
+/// and the unlinks left waiting for the intents' fsync
+/// ([`Underway::complete`] waits for them). None: the lock is held by
+/// someone else (a plugin running) and no store was changed: the group is
+/// to be released again, waiting.
+pub(crate) fn try_release_group(
     network_dir: &Path,
     files: &[(&Reservation, &ReservationFile)],
     look: &mut dyn LastLook,
-    patience: Patience,
     dry_run: bool,
     durable: &Durable,
 ) -> Option<Underway> {
-    let all = |outcome: Outcome| {
-        let out = files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect();
-        Some(Underway { out, unlinks: None })
-    };
-    let dir = match open_dir(network_dir) {
-        Ok(dir) => Arc::new(dir),
-        Err(outcome) => return all(outcome),
-    };
     let lock_wait = Instant::now();
-    let guard = if dry_run {
-        None
-    } else {
-        let lock_file = match dir.open_lock(LOCK_FILE) {
-            Ok(file) => file,
-            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                let detail = "the lock file is a symlink".to_owned();
-                return all(Outcome::Anomalous { kind: AnomalyKind::Symlink, detail });
-            }
-            Err(e) => {
-                return all(Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", network_dir.display()) });
-            }
-        };
-        let locked = match patience {
-            Patience::Wait(lock_timeout) => FlockGuard::lock_exclusive_timeout(lock_file, lock_timeout),
-            // Held (a plugin running): the caller waits elsewhere.
-            Patience::Now => match FlockGuard::try_lock_exclusive(lock_file) {
-                Ok(Some(guard)) => Ok(Ok(guard)),
-                Ok(None) => return None,
-                Err(e) => Err(e),
-            },
-        };
-        match locked {
-            Ok(Ok(guard)) => Some(guard),
-            Ok(Err(busy_lock)) => {
-                let waited_ms = match patience {
-                    Patience::Wait(lock_timeout) => lock_timeout.as_millis() as u64,
-                    Patience::Now => 0,
-                };
-                return all(Outcome::LockBusy {
-                    lock: network_dir.join(LOCK_FILE),
-                    waited_ms,
-                    holders: FlockGuard::holders(&busy_lock),
-                });
-            }
-            Err(e) => {
-                return all(Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", network_dir.display()) });
-            }
+    let (dir, lock_file) = match open_lock(network_dir, dry_run) {
+        Ok(opened) => opened,
+        Err(outcome) => return Some(Underway { out: all_alike(files, &outcome), unlinks: None }),
+    };
+    let guard = match lock_file.map(FlockGuard::try_lock_exclusive) {
+        None => None,
+        Some(Ok(Some(guard))) => Some(guard),
+        Some(Ok(None)) => return None,
+        Some(Err(e)) => {
+            let outcome = Outcome::Failed { error: format!("flock {}/{LOCK_FILE}: {e}", network_dir.display()) };
+            return Some(Underway { out: all_alike(files, &outcome), unlinks: None });
         }
     };
-    let lock_wait_us = micros(lock_wait);
+    Some(release_locked(&dir, guard, micros(lock_wait), files, look, dry_run, durable))
+}
+
+/// The same outcome for every file of a group, untimed.
+fn all_alike(files: &[(&Reservation, &ReservationFile)], outcome: &Outcome) -> Vec<(Outcome, ReleaseTimings)> {
+    files.iter().map(|_| (outcome.clone(), ReleaseTimings::default())).collect()
+}
+
+/// The network's directory, and its lock file opened (none in a dry run:
+/// opening it could create it).
+fn open_lock(network_dir: &Path, dry_run: bool) -> Result<(Arc<Dir>, Option<std::fs::File>), Outcome> {
+    let dir = Arc::new(open_dir(network_dir)?);
+    if dry_run {
+        return Ok((dir, None));
+    }
+    match dir.open_lock(LOCK_FILE) {
+        Ok(file) => Ok((dir, Some(file))),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            Err(Outcome::Anomalous { kind: AnomalyKind::Symlink, detail: "the lock file is a symlink".to_owned() })
+        }
+        Err(e) => Err(Outcome::Failed { error: format!("lock {}/{LOCK_FILE}: {e}", network_dir.display()) }),
+    }
+}
+
+/// A group's release once its lock is held (`guard`; none in a dry run),
+/// up to the unlinks.
+fn release_locked(
+    dir: &Arc<Dir>,
+    guard: Option<FlockGuard>,
+    lock_wait_us: u64,
+    files: &[(&Reservation, &ReservationFile)],
+    look: &mut dyn LastLook,
+    dry_run: bool,
+    durable: &Durable,
+) -> Underway {
     // Critical section: per file, re-read and compare, the group's one last
     // look (asked now that the lock is held); then the unlinks of the files
     // that passed, once the intents are durable.
@@ -204,7 +202,7 @@ pub(crate) fn release_group_with(
     for (r, f) in files {
         let mut timings = ReleaseTimings { lock_us: lock_wait_us, ..ReleaseTimings::default() };
         let reread = Instant::now();
-        let checked = check(r, read_owner(&dir, &f.name));
+        let checked = check(r, read_owner(dir, &f.name));
         timings.reread_us = micros(reread);
         let outcome = if let Err(outcome) = checked {
             outcome
@@ -233,10 +231,10 @@ pub(crate) fn release_group_with(
         out.push((outcome, timings));
     }
     if passed.is_empty() {
-        return Some(Underway { out, unlinks: None });
+        return Underway { out, unlinks: None };
     }
-    let unlinks = unlink_when_durable(dir, guard, passed, durable);
-    Some(Underway { out, unlinks: Some(unlinks) })
+    let unlinks = unlink_when_durable(Arc::clone(dir), guard, passed, durable);
+    Underway { out, unlinks: Some(unlinks) }
 }
 
 /// The unlinks of the files that passed (index into the group's outcomes,
@@ -253,7 +251,7 @@ fn unlink_when_durable(
     // this one before the unlink). They own the lock: it is let go only
     // after them, even if no one waits for their results any more.
     let (done, unlinks) = mpsc::sync_channel(1);
-    let since_begun = durable.since_begun();
+    let begun_at = durable.begun_at();
     durable.when_durable(Box::new(move |durable: Result<(), String>| {
         let _guard = guard;
         let results: Unlinked = match &durable {
@@ -266,7 +264,7 @@ fn unlink_when_durable(
                         Err(e) if e.kind() == io::ErrorKind::NotFound => Outcome::AlreadyGone,
                         Err(e) => Outcome::Failed { error: format!("unlink {}: {e}", path.display()) },
                     };
-                    (i, outcome, micros(unlink), micros(since_begun))
+                    (i, outcome, micros(unlink), micros(begun_at))
                 })
                 .collect(),
             Err(why) => passed.into_iter().map(|(i, ..)| (i, Outcome::Failed { error: why.clone() }, 0, 0)).collect(),
@@ -283,7 +281,7 @@ type Unlinked = Vec<(usize, Outcome, u64, u64)>;
 
 /// A group's release under way: its files re-read and looked at under its
 /// lock, the unlinks of those that passed (holding the lock) waiting for
-/// the batch's intents to be durable (see `release_group_with`).
+/// the batch's intents to be durable (see `release_locked`).
 pub(crate) struct Underway {
     out: Vec<(Outcome, ReleaseTimings)>,
     unlinks: Option<mpsc::Receiver<Unlinked>>,

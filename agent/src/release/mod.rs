@@ -210,15 +210,9 @@ impl Releaser {
         }
         let files: Vec<(&Reservation, &hostlocal::ReservationFile)> =
             accepted.iter().filter_map(|(i, file)| Some((&begun.verdicts.get(*i)?.reservation, file))).collect();
-        let handoff_us = durable.since_begun_us();
-        let acted = hostlocal::release_group_with(
-            &first.network_dir,
-            &files,
-            self.look.as_mut(),
-            hostlocal::Patience::Now,
-            self.config.dry_run,
-            durable,
-        );
+        let handoff_us = micros(durable.begun_at());
+        let acted =
+            hostlocal::try_release_group(&first.network_dir, &files, self.look.as_mut(), self.config.dry_run, durable);
         begun.acted = acted.map(|underway| (underway, handoff_us));
         begun
     }
@@ -334,7 +328,7 @@ impl Releaser {
         mut acted: Option<(hostlocal::Underway, u64)>,
     ) -> Vec<(Outcome, ReleaseTimings)> {
         let dry_run = self.config.dry_run;
-        let handoff_us = durable.since_begun_us();
+        let handoff_us = micros(durable.begun_at());
         // Each attachment's IPs as the scan saw them; released ones leave.
         let mut held: HashMap<(&Path, &str), Vec<&Reservation>> = HashMap::new();
         for v in scan.unwrap_or_default() {
