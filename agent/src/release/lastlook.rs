@@ -588,7 +588,6 @@ fn dump_whole(q: &mut Querier, seen: &mut Sighting, nsid: i32, place: &Place, as
 /// `/proc`, read with calls relative to one directory fd and paths built
 /// on the stack: a look reads two or three files per process.
 struct ProcDir {
-    root: PathBuf,
     dir: OwnedFd,
 }
 
@@ -613,7 +612,7 @@ impl RelPath {
 impl ProcDir {
     fn open(root: &Path) -> io::Result<Self> {
         let dir = fs::File::open(root)?;
-        Ok(Self { root: root.to_path_buf(), dir: OwnedFd::from(dir) })
+        Ok(Self { dir: OwnedFd::from(dir) })
     }
 
     fn fd(&self) -> RawFd {
@@ -621,10 +620,37 @@ impl ProcDir {
     }
 
     /// Every process, by pid. A listing that fails makes the look
-    /// unavailable (a process netns would go unasked).
+    /// unavailable (a process netns would go unasked). Read by getdents64
+    /// into one buffer: the directory is the same as `fs::read_dir`'s, at
+    /// no allocation per entry (a node has hundreds of them).
     fn pids(&self) -> io::Result<Vec<u32>> {
+        let mut pids = Vec::with_capacity(256);
+        // Read field by field from bytes: no alignment is assumed.
+        let mut buf = [0u8; 8192];
+        // From the start, as a new `read_dir` would (the fd is the walk's).
+        // SAFETY: a valid fd.
+        if unsafe { libc::lseek(self.fd(), 0, libc::SEEK_SET) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        loop {
+            // SAFETY: a valid dir fd and a buffer of the stated length.
+            let n = unsafe {
+                libc::syscall(libc::SYS_getdents64, self.fd(), buf.as_mut_ptr(), std::mem::size_of_val(&buf))
+            };
+            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
+            if n == 0 {
+                return Ok(pids);
+            }
+            let bytes = buf.get(..n).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))?;
+            each_dirent_name(bytes, |name| pids.extend(parse_pid(name)))?;
+        }
+    }
+
+    /// The listing as it was read before (the reference of a test).
+    #[cfg(test)]
+    fn pids_read_dir(root: &Path) -> io::Result<Vec<u32>> {
         let mut pids = Vec::new();
-        for entry in fs::read_dir(&self.root)? {
+        for entry in fs::read_dir(root)? {
             if let Some(pid) = entry?.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
                 pids.push(pid);
             }
@@ -689,6 +715,27 @@ impl ProcDir {
             .find_map(|kv| kv.strip_prefix(b"CNI_CONTAINERID="))
             .map(|v| String::from_utf8_lossy(v).into_owned())
     }
+}
+
+/// Each entry's name in a getdents64 answer (`struct linux_dirent64`:
+/// inode u64, offset i64, record length u16, type u8, the name and its NUL).
+fn each_dirent_name(mut bytes: &[u8], mut each: impl FnMut(&[u8])) -> io::Result<()> {
+    const NAME: usize = 19;
+    let bad = || io::Error::from(io::ErrorKind::InvalidData);
+    while !bytes.is_empty() {
+        let len = bytes.get(16..18).ok_or_else(bad)?;
+        let len = usize::from(u16::from_ne_bytes([len[0], len[1]]));
+        let record = bytes.get(..len).filter(|_| len > NAME).ok_or_else(bad)?;
+        let name = &record[NAME..];
+        each(name.iter().position(|b| *b == 0).map_or(name, |end| &name[..end]));
+        bytes = &bytes[len..];
+    }
+    Ok(())
+}
+
+/// A pid's directory name (`fs::read_dir` names parsed as u32, as before).
+fn parse_pid(name: &[u8]) -> Option<u32> {
+    std::str::from_utf8(name).ok()?.parse().ok()
 }
 
 impl Default for KernelLook {
@@ -829,6 +876,50 @@ mod tests {
         // A host or VM has kernel threads (a container without the host's
         // pid namespace would not: this suite runs as root on the host).
         assert!(skipped > 0, "no kernel thread found in /proc");
+    }
+
+    /// The getdents64 listing of pids is the one `fs::read_dir` gave: over
+    /// many getdents64 calls (more names than one buffer holds), names of
+    /// every length, and names that are no pid or parse oddly.
+    #[test]
+    fn the_pid_listing_is_the_read_dir_listing() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut names: Vec<String> = (0..3000_u32).map(|i| (i * 7919 % 4_000_000).to_string()).collect();
+        names.extend(
+            [
+                "self",
+                "thread-self",
+                "007",
+                "+5",
+                "-1",
+                "4294967295",
+                "4294967296",
+                "12a",
+                "1 2",
+                "é9",
+                "x".repeat(200).as_str(),
+            ]
+            .map(String::from),
+        );
+        for name in &names {
+            std::fs::create_dir(dir.path().join(name)).expect("creates a dir");
+        }
+        let proc_dir = ProcDir::open(dir.path()).expect("opens");
+        let sorted = |mut v: Vec<u32>| {
+            v.sort_unstable();
+            v
+        };
+        let listed = sorted(proc_dir.pids().expect("lists"));
+        assert_eq!(listed, sorted(ProcDir::pids_read_dir(dir.path()).expect("lists")));
+        assert_eq!(listed.len(), 3000 + 3, "every pid (and 007, +5, 4294967295) once");
+        assert_eq!(sorted(proc_dir.pids().expect("lists")), listed, "listed again from the start");
+        // And /proc itself, whose pids may come and go between the two:
+        // this process and pid 1 are in both.
+        let proc_dir = ProcDir::open(Path::new("/proc")).expect("opens /proc");
+        let own = std::process::id();
+        for listing in [proc_dir.pids().expect("lists"), ProcDir::pids_read_dir(Path::new("/proc")).expect("lists")] {
+            assert!(listing.contains(&own) && listing.contains(&1), "{listing:?}");
+        }
     }
 
     /// A table that is no procfs file (cannot be polled) is read by every look.
