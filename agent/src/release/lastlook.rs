@@ -621,29 +621,18 @@ impl ProcDir {
 
     /// Every process, by pid. A listing that fails makes the look
     /// unavailable (a process netns would go unasked). Read by getdents64
-    /// into one buffer: the directory is the same as `fs::read_dir`'s, at
-    /// no allocation per entry (a node has hundreds of them).
+    /// into one buffer on the stack (rustix's `RawDir`): the listing is
+    /// `fs::read_dir`'s, at no allocation per entry (a node has hundreds).
     fn pids(&self) -> io::Result<Vec<u32>> {
         let mut pids = Vec::with_capacity(256);
-        // Read field by field from bytes: no alignment is assumed.
-        let mut buf = [0u8; 8192];
         // From the start, as a new `read_dir` would (the fd is the walk's).
-        // SAFETY: a valid fd.
-        if unsafe { libc::lseek(self.fd(), 0, libc::SEEK_SET) } < 0 {
-            return Err(io::Error::last_os_error());
+        rustix::fs::seek(&self.dir, rustix::fs::SeekFrom::Start(0))?;
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 8192];
+        let mut entries = rustix::fs::RawDir::new(&self.dir, &mut buf);
+        while let Some(entry) = entries.next() {
+            pids.extend(parse_pid(entry?.file_name().to_bytes()));
         }
-        loop {
-            // SAFETY: a valid dir fd and a buffer of the stated length.
-            let n = unsafe {
-                libc::syscall(libc::SYS_getdents64, self.fd(), buf.as_mut_ptr(), std::mem::size_of_val(&buf))
-            };
-            let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
-            if n == 0 {
-                return Ok(pids);
-            }
-            let bytes = buf.get(..n).ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))?;
-            each_dirent_name(bytes, |name| pids.extend(parse_pid(name)))?;
-        }
+        Ok(pids)
     }
 
     /// The listing as it was read before (the reference of a test).
@@ -715,22 +704,6 @@ impl ProcDir {
             .find_map(|kv| kv.strip_prefix(b"CNI_CONTAINERID="))
             .map(|v| String::from_utf8_lossy(v).into_owned())
     }
-}
-
-/// Each entry's name in a getdents64 answer (`struct linux_dirent64`:
-/// inode u64, offset i64, record length u16, type u8, the name and its NUL).
-fn each_dirent_name(mut bytes: &[u8], mut each: impl FnMut(&[u8])) -> io::Result<()> {
-    const NAME: usize = 19;
-    let bad = || io::Error::from(io::ErrorKind::InvalidData);
-    while !bytes.is_empty() {
-        let len = bytes.get(16..18).ok_or_else(bad)?;
-        let len = usize::from(u16::from_ne_bytes([len[0], len[1]]));
-        let record = bytes.get(..len).filter(|_| len > NAME).ok_or_else(bad)?;
-        let name = &record[NAME..];
-        each(name.iter().position(|b| *b == 0).map_or(name, |end| &name[..end]));
-        bytes = &bytes[len..];
-    }
-    Ok(())
 }
 
 /// A pid's directory name (`fs::read_dir` names parsed as u32, as before).
