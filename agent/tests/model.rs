@@ -328,6 +328,14 @@ fn a_deleted_netns_is_seen_dead_promptly_with_the_addresses_it_held() {
         assert_eq!(death.addresses.iter().map(|a| (a.ip, a.prefix_len)).collect::<BTreeSet<_>>(), want);
         assert!(death.bind_mounts.iter().any(|m| m.ends_with(&a.name)), "{death:?}");
 
+        // The snapshot the model took as it sent the death already shows
+        // it (the death pass decides on it), and is handed out once.
+        let handle = watcher.handle();
+        let at_death = handle.snapshot_at_death().expect("a snapshot taken as the death was sent");
+        assert!(at_death.live_by_inode(a.inode).is_none(), "alive in the snapshot sent with its death");
+        assert!(at_death.netns.iter().any(|n| !n.alive && n.inode == Some(a.inode) && n.died_at.is_some()));
+        assert!(handle.snapshot_at_death().is_none(), "handed out twice");
+
         let s = watcher.snapshot().await.expect("snapshot");
         assert!(s.live_by_inode(a.inode).is_none(), "still alive in the model");
         let dead = s.netns.iter().find(|n| !n.alive && n.inode == Some(a.inode)).expect("kept as dead");

@@ -150,7 +150,14 @@ impl Agent {
     /// batch ([`Deferred`]).
     pub(super) async fn reconcile_deaths(&mut self, deaths: Vec<(NetnsDeath, Vec<String>)>) -> anyhow::Result<()> {
         let started = Instant::now();
-        let sources = self.gather().await?;
+        // The model's snapshot as it sent these deaths (or later), when no
+        // pass took it yet. It lacks what the model read after them (the
+        // dead pod's veth and address deletions, netns found since): the
+        // verdicts lean on what it shows alive, and the last look, under
+        // the lock, asks the kernel again about every IP it would free,
+        // finding any netns this snapshot does not know.
+        let at_death = self.model.snapshot_at_death();
+        let sources = self.gather_with(at_death).await?;
         let keys: Vec<DeathKey> = deaths.iter().map(|(d, _)| DeathKey::from(d)).collect();
         // Indexed once: the concern and its observations look up the few
         // netns, attachments and cache entries they touch in it.
@@ -312,6 +319,11 @@ impl Agent {
     /// cache (a directory scan, on the blocking pool while the model's worker
     /// takes the snapshot) and the runtime's view.
     async fn gather(&mut self) -> anyhow::Result<Sources> {
+        self.gather_with(None).await
+    }
+
+    /// [`Self::gather`] with the model's snapshot given (None: asked for).
+    async fn gather_with(&mut self, snapshot: Option<Arc<ModelSnapshot>>) -> anyhow::Result<Sources> {
         // The watch names what changed: read at once. A listing goes to the
         // blocking pool while the model's worker takes the snapshot.
         let followed = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).follow();
@@ -319,7 +331,10 @@ impl Agent {
             let reader = Arc::clone(&self.cache);
             tokio::task::spawn_blocking(move || reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).scan())
         });
-        let snapshot = Arc::new(self.model.snapshot().await?);
+        let snapshot = match snapshot {
+            Some(snapshot) => snapshot,
+            None => Arc::new(self.model.snapshot().await?),
+        };
         let cache = match listing {
             Some(listing) => listing.await?,
             None => followed.unwrap_or_default(),

@@ -108,7 +108,16 @@ pub struct Watcher {
 #[derive(Clone)]
 pub struct ModelHandle {
     commands: mpsc::Sender<Command>,
+    at_death: AtDeath,
 }
+
+/// The snapshot the model took when it last sent deaths, taken before it
+/// sent them: one taken from here after a death was received is at least
+/// as new as that death and everything the model read before it. Spares a
+/// death pass the round trip to the model's task (about 0.2 ms of the
+/// release path: the task's turn, the datagrams queued since, a wake-up
+/// each way).
+type AtDeath = Arc<std::sync::Mutex<Option<Arc<ModelSnapshot>>>>;
 
 /// Datagrams read per wake-up before other work gets a turn.
 const DATAGRAMS_PER_WAKE: usize = 256;
@@ -159,7 +168,8 @@ impl Watcher {
         model.query_host_nsid(own_fd.as_raw_fd(), SystemTime::now());
         model.start_resync(false);
         let (deaths_tx, deaths_rx) = mpsc::channel(config.death_queue.max(1));
-        let mut io = Io { socket, jobs, deaths: deaths_tx };
+        let at_death = AtDeath::default();
+        let mut io = Io { socket, jobs, deaths: deaths_tx, at_death: Arc::clone(&at_death) };
         io.flush(&mut model)?;
         drop(own_fd);
 
@@ -178,7 +188,7 @@ impl Watcher {
             resync_interval: config.resync_interval,
         };
         let task = tokio::spawn(driver.run());
-        let watcher = Self { handle: ModelHandle { commands: commands_tx }, task };
+        let watcher = Self { handle: ModelHandle { commands: commands_tx, at_death }, task };
         match tokio::time::timeout(config.start_timeout, ready_rx).await {
             Ok(Ok(())) => Ok((watcher, deaths_rx)),
             Ok(Err(_)) => Err(watcher.stop().await.err().unwrap_or(WatcherError::Stopped)),
@@ -229,6 +239,14 @@ impl ModelHandle {
         rx.await.map_err(|_| WatcherError::Stopped)
     }
 
+    /// The snapshot the model took as it sent its latest deaths, if no one
+    /// took it yet (see [`AtDeath`]); taken after a death was received, it
+    /// is not older than that death. None: ask for [`Self::snapshot`].
+    #[must_use]
+    pub fn snapshot_at_death(&self) -> Option<Arc<ModelSnapshot>> {
+        self.at_death.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
     /// Feeds decoded probe events (creators, netns to discover, `__put_net`
     /// deaths). Waits when the model is behind.
     pub async fn kernel_events(&self, events: Vec<KernelEvent>) -> Result<(), WatcherError> {
@@ -248,6 +266,7 @@ struct Io {
     socket: ModelSocket,
     jobs: SyncSender<Job>,
     deaths: mpsc::Sender<NetnsDeath>,
+    at_death: AtDeath,
 }
 
 impl Io {
@@ -257,6 +276,9 @@ impl Io {
         let mut sent_death = false;
         loop {
             let actions = model.take_actions();
+            // Taken once per batch of actions that sends deaths, before the
+            // first is sent (a later batch's deaths get a later one).
+            let mut snapshot_taken = false;
             if actions.is_empty() {
                 return Ok(sent_death);
             }
@@ -273,15 +295,22 @@ impl Io {
                         Err(TrySendError::Full(job)) => model.job_rejected(&job),
                         Err(TrySendError::Disconnected(_)) => return Err(WatcherError::Stopped),
                     },
-                    Action::Death(death) => match self.deaths.try_send(death) {
-                        Ok(()) => sent_death = true,
-                        // Closed: nobody listens (e.g. a one-shot `netreap netns`).
-                        Err(mpsc::error::TrySendError::Closed(_)) => {}
-                        Err(mpsc::error::TrySendError::Full(d)) => {
-                            warn!(inode = ?d.inode, "death notice dropped: consumer is behind");
-                            model.count_dropped_death();
+                    Action::Death(death) => {
+                        if !snapshot_taken && !self.deaths.is_closed() {
+                            snapshot_taken = true;
+                            let snapshot = Arc::new(model.snapshot(SystemTime::now()));
+                            *self.at_death.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot);
                         }
-                    },
+                        match self.deaths.try_send(death) {
+                            Ok(()) => sent_death = true,
+                            // Closed: nobody listens (e.g. a one-shot `netreap netns`).
+                            Err(mpsc::error::TrySendError::Closed(_)) => {}
+                            Err(mpsc::error::TrySendError::Full(d)) => {
+                                warn!(inode = ?d.inode, "death notice dropped: consumer is behind");
+                                model.count_dropped_death();
+                            }
+                        }
+                    }
                 }
             }
         }
