@@ -322,9 +322,11 @@ impl Io {
 /// or an answer to the model's own request. A pod's creation and teardown
 /// send a dozen notifications spread over tens of milliseconds; read as they
 /// come, each woke the agent. Nothing that decides reads the model without
-/// a snapshot, and a snapshot reads what is queued first; nothing in the
-/// model depends on reading promptly either (notifications are read in
-/// order, whenever that is), so resting only changes how often it wakes.
+/// a snapshot, and a snapshot reads what is queued first (the one kept
+/// for a death pass, what was queued up to the deaths: the bell's read);
+/// nothing in the model depends on reading promptly either (notifications
+/// are read in order, whenever that is), so resting only changes how often
+/// it wakes.
 pub const REST: Duration = Duration::from_millis(20);
 
 /// How often the socket is read when it cannot be put back in the epoll
