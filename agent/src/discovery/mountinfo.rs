@@ -11,16 +11,16 @@ pub struct NetnsMount {
 }
 
 /// Decodes the octal escapes mountinfo uses for space, tab, newline and
-/// backslash in paths (`\040` ...).
+/// backslash in paths (`\040` ...). Three octal digits above `\377` name
+/// no byte (the kernel never writes them): kept as text.
 fn unescape(field: &str) -> PathBuf {
     use std::os::unix::ffi::OsStringExt;
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
+        if let Some(byte) = octal_escape(&bytes[i..]) {
+            out.push(byte);
             i += 4;
         } else {
             out.push(bytes[i]);
@@ -28,6 +28,13 @@ fn unescape(field: &str) -> PathBuf {
         }
     }
     PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// The byte of a `\ooo` escape at the start of `bytes`, if it is one.
+fn octal_escape(bytes: &[u8]) -> Option<u8> {
+    let [b'\\', digits @ ..] = bytes.get(..4)? else { return None };
+    let value = digits.iter().try_fold(0_u32, |v, d| (b'0'..=b'7').contains(d).then(|| v * 8 + u32::from(d - b'0')))?;
+    u8::try_from(value).ok()
 }
 
 /// `net:[4026532000]` -> 4026532000.
@@ -93,6 +100,18 @@ garbage line
         );
     }
 
+    /// Escapes of a byte decode; three octal digits above `\377` (no byte:
+    /// the kernel never writes them) stay text, and so does a short one.
+    #[test]
+    fn octal_escapes_decode_only_to_bytes() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let decoded = |s: &str| unescape(s).as_os_str().as_bytes().to_vec();
+        assert_eq!(decoded("/a\\040b\\011c\\134"), b"/a b\tc\\".to_vec());
+        assert_eq!(decoded("\\377"), vec![0xff]);
+        assert_eq!(decoded("\\400/\\777"), b"\\400/\\777".to_vec());
+        assert_eq!(decoded("\\08\\12"), b"\\08\\12".to_vec());
+    }
+
     #[test]
     fn ns_links_parse() {
         assert_eq!(parse_ns_link("net:[4026531840]"), Some(4_026_531_840));
@@ -102,7 +121,7 @@ garbage line
 
     proptest::proptest! {
         #[test]
-        fn arbitrary_text_never_panics(s in ".{0,300}") {
+        fn arbitrary_text_never_panics(s in ".{0,300}|([\\\\0-9a]{0,3}){0,20}") {
             let _ = parse(&s);
             let _ = unescape(&s);
         }
