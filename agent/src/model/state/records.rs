@@ -14,7 +14,8 @@ use crate::{
 pub(super) type RecordId = u64;
 
 /// A netns in the registry: the agent's own, or the record of another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Ordered so that a view's reads can be kept sorted (see `Views::keep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(super) enum NetnsKey {
     Host,
     Record(RecordId),

@@ -589,3 +589,27 @@ fn an_incremental_snapshot_says_what_a_fresh_one_says_across_births_deaths_mount
     let json = serde_json::to_value(&before).unwrap();
     assert_eq!(json["netns"][0]["age_secs"], 30, "ages are the snapshot's: {json}");
 }
+
+/// The host's view, rebuilt with one peer's read gone and another's kept
+/// (its reads are diffed, not taken out and put back), still changes with
+/// the peer it kept reading.
+#[test]
+fn a_view_rebuilt_with_fewer_reads_still_hears_of_the_reads_it_kept() {
+    let mut m = synced(100, 7);
+    let t = |s: u64| T0 + Duration::from_secs(s);
+    open(&mut m, 200, 8);
+    answer_dumps(&mut m, |_, _, _| vec![]);
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(10, "veth-a", Some((2, Some(7))))), t(1));
+    m.datagram(Some(7), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((10, Some(0))))), t(1));
+    m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(11, "veth-b", Some((3, Some(8))))), t(1));
+    m.datagram(Some(8), &fake::link(RTM_NEWLINK, 0, &link(3, "eth0", Some((11, Some(0))))), t(1));
+    same_as_fresh(&mut m, t(1));
+    // The host's veth to 100 goes: its view is rebuilt, reading 200 only.
+    m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(10, "veth-a", None)), t(2));
+    same_as_fresh(&mut m, t(2));
+    // 200's end renamed: the host's view names it anew.
+    m.datagram(Some(8), &fake::link(RTM_NEWLINK, 0, &link(3, "eth9", Some((11, Some(0))))), t(3));
+    let renamed = same_as_fresh(&mut m, t(3));
+    let veth_b = renamed.netns[0].interfaces.iter().find(|i| i.ifindex == 11).expect("veth-b on the host");
+    assert_eq!(veth_b.link.as_ref().and_then(|l| l.ifname.as_deref()), Some("eth9"));
+}

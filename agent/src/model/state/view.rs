@@ -281,6 +281,7 @@ impl Changes {
 /// A view as last built, and the links of other netns it read.
 struct Built {
     view: Arc<NetnsView>,
+    /// Sorted, no duplicates.
     reads: Vec<(NetnsKey, u32)>,
 }
 
@@ -333,7 +334,14 @@ impl Views {
 
     fn forget(&mut self, key: NetnsKey) -> Option<Built> {
         let old = self.built.remove(&key)?;
-        for (o, ifindex) in &old.reads {
+        self.unread(key, &old.reads);
+        self.unresolved.remove(&key);
+        Some(old)
+    }
+
+    /// Takes `key` out of the readers of each of `reads`.
+    fn unread(&mut self, key: NetnsKey, reads: &[(NetnsKey, u32)]) {
+        for (o, ifindex) in reads {
             if let Some(links) = self.readers.get_mut(o) {
                 if let Some(readers) = links.get_mut(ifindex) {
                     readers.remove(&key);
@@ -346,12 +354,21 @@ impl Views {
                 }
             }
         }
-        self.unresolved.remove(&key);
-        Some(old)
     }
 
+    /// Keeps `view` as `key`'s, in place of the one built before. Only the
+    /// reads that differ from that one's change the readers: the host's
+    /// view reads the veth of every pod, and taking each out and back in
+    /// on every rebuild cost ~0.1 ms per snapshot at 200 pods (the one
+    /// taken as a death is sent included). Reads are kept sorted.
     fn keep(&mut self, key: NetnsKey, ns: &Netns, registry: &Registry, view: NetnsView, reads: Vec<(NetnsKey, u32)>) {
-        for &(o, ifindex) in &reads {
+        let mut reads = reads;
+        reads.sort_unstable();
+        reads.dedup();
+        let old = self.built.remove(&key).map(|b| b.reads).unwrap_or_default();
+        let gone: Vec<(NetnsKey, u32)> = old.iter().filter(|r| reads.binary_search(r).is_err()).copied().collect();
+        self.unread(key, &gone);
+        for &(o, ifindex) in reads.iter().filter(|r| old.binary_search(r).is_err()) {
             self.readers.entry(o).or_default().entry(ifindex).or_default().insert(key);
         }
         let unresolved = ns
@@ -360,6 +377,8 @@ impl Views {
             .any(|l| l.link.is_some() && matches!(l.link_netns, LinkNetns::Nsid(n) if by_nsid(registry, n).is_none()));
         if unresolved {
             self.unresolved.insert(key);
+        } else {
+            self.unresolved.remove(&key);
         }
         self.built.insert(key, Built { view: Arc::new(view), reads });
     }
@@ -376,8 +395,10 @@ impl Views {
         }
         let resolver = Resolver::new(registry, |k| stale.contains(&k));
         for &key in &stale {
-            self.forget(key);
-            let Some(ns) = netns(registry, key) else { continue };
+            let Some(ns) = netns(registry, key) else {
+                self.forget(key);
+                continue;
+            };
             let (view, reads) = view(registry, &resolver, key, ns);
             self.keep(key, ns, registry, view, reads);
         }
