@@ -326,7 +326,16 @@ impl Agent {
     async fn gather_with(&mut self, snapshot: Option<Arc<ModelSnapshot>>) -> anyhow::Result<Sources> {
         // The watch names what changed: read at once. A listing goes to the
         // blocking pool while the model's worker takes the snapshot.
-        let followed = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner).follow();
+        // With what changed since the scan last dated, when it follows that one.
+        let (followed, changed) = {
+            let mut reader = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let followed = reader.follow();
+            let changed = followed
+                .as_ref()
+                .zip(self.cache_dated.as_ref())
+                .and_then(|(now, dated)| reader.changed_since(dated, now).map(<[_]>::to_vec));
+            (followed, changed)
+        };
         let listing = followed.is_none().then(|| {
             let reader = Arc::clone(&self.cache);
             tokio::task::spawn_blocking(move || reader.lock().unwrap_or_else(std::sync::PoisonError::into_inner).scan())
@@ -342,12 +351,28 @@ impl Agent {
         // The same scan as last time (nothing changed): already dated.
         if !self.cache_dated.as_ref().is_some_and(|dated| Arc::ptr_eq(dated, &cache)) {
             let now = SystemTime::now();
-            let present: crate::fast::Set<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
-            self.cache_first_seen.retain(|path, _| present.contains(path));
-            // A path is copied only when it is new (`entry` would copy each).
-            for a in &cache.attachments {
-                if !self.cache_first_seen.contains_key(&a.path) {
-                    self.cache_first_seen.insert(a.path.clone(), now);
+            match changed {
+                // Followed from the scan dated last: only its changed
+                // entries (dating every path cost ~0.07 ms per death pass
+                // at 200 entries).
+                Some(changed) => {
+                    for (path, attachment) in changed {
+                        if attachment {
+                            self.cache_first_seen.entry(path).or_insert(now);
+                        } else {
+                            self.cache_first_seen.remove(&path);
+                        }
+                    }
+                }
+                None => {
+                    let present: crate::fast::Set<&PathBuf> = cache.attachments.iter().map(|a| &a.path).collect();
+                    self.cache_first_seen.retain(|path, _| present.contains(path));
+                    // A path is copied only when it is new (`entry` would copy each).
+                    for a in &cache.attachments {
+                        if !self.cache_first_seen.contains_key(&a.path) {
+                            self.cache_first_seen.insert(a.path.clone(), now);
+                        }
+                    }
                 }
             }
             self.cache_dated = Some(Arc::clone(&cache));

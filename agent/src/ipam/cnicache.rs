@@ -328,6 +328,10 @@ pub struct CacheReader {
     /// The last scan given out, given again while no entry changed: a
     /// death's pass then costs no copy of every entry.
     given: Option<std::sync::Arc<CacheScan>>,
+    /// When `given` was followed from the scan given before it: that one
+    /// (weak: its allocation, hence its address, stays its own) and the
+    /// entries that changed, each with whether it is an attachment now.
+    followed_from: Option<(std::sync::Weak<CacheScan>, Vec<(PathBuf, bool)>)>,
 }
 
 /// A listing at least this often, whatever the watch says: a writer that
@@ -350,6 +354,7 @@ impl CacheReader {
             listed: None,
             last_followed: false,
             given: None,
+            followed_from: None,
         }
     }
 
@@ -396,6 +401,7 @@ impl CacheReader {
             return Some(std::sync::Arc::clone(given));
         }
         let dir_path = self.cache.dir.clone();
+        let mut changed = Vec::with_capacity(names.len());
         if !names.is_empty() {
             let Ok(dir) = Dir::open(&dir_path) else {
                 self.listed = None;
@@ -407,9 +413,11 @@ impl CacheReader {
                         let (now, stamp) = (SystemTime::now(), Stamp::of(&meta));
                         self.last_reads += 1;
                         let read = read_entry(&dir, &dir_path, &name).map(|a| a.map(Arc::new));
+                        changed.push((dir_path.join(&name), matches!(read, Ok(Some(_)))));
                         self.entries.insert(name, Remembered { stamp, settled: stamp.settled_before(now), read });
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        changed.push((dir_path.join(&name), false));
                         self.entries.remove(&name);
                     }
                     Err(_) => {
@@ -421,7 +429,23 @@ impl CacheReader {
             }
         }
         self.last_followed = true;
-        Some(self.give(self.remembered()))
+        let before = self.given.as_ref().map(std::sync::Arc::downgrade);
+        let scan = self.remembered();
+        let given = self.give(scan);
+        self.followed_from = before.map(|before| (before, changed));
+        Some(given)
+    }
+
+    /// What changed between `before` and `now`, entry by entry (true: an
+    /// attachment now, false: none), when `now` is the last scan given and
+    /// was followed from `before`, the one given just before it; None
+    /// otherwise (a listing, or scans given in between). Who keeps
+    /// something per entry brings it up to date with these alone.
+    #[must_use]
+    pub fn changed_since(&self, before: &std::sync::Arc<CacheScan>, now: &std::sync::Arc<CacheScan>) -> Option<&[(PathBuf, bool)]> {
+        let (from, changed) = self.followed_from.as_ref()?;
+        let is_given = self.given.as_ref().is_some_and(|g| std::sync::Arc::ptr_eq(g, now));
+        (is_given && std::ptr::eq(from.as_ptr(), std::sync::Arc::as_ptr(before))).then_some(changed.as_slice())
     }
 
     /// Lists every valid entry; anything else is an anomaly.
@@ -436,6 +460,7 @@ impl CacheReader {
         let started = std::time::Instant::now();
         let (out, clean) = self.list_and_read();
         self.listed = (clean && self.watch.is_some()).then_some(started);
+        self.followed_from = None;
         self.give(out)
     }
 
@@ -665,7 +690,7 @@ fn push_read(
 
 #[cfg(test)]
 mod tests {
-    use std::fs;
+    use std::{collections::BTreeSet, fs};
 
     use super::*;
 
@@ -811,6 +836,62 @@ mod tests {
         fs::write(dir.join("net1-c5-eth0"), ENTRY.replace("c1", "c5")).unwrap();
         assert_eq!(*reader.scan(), CniCache::new(&dir).scan());
         assert!(reader.last_followed());
+    }
+
+    /// What a followed scan says changed, applied to the attachments of
+    /// the scan before it, gives its attachments (the agent dates cache
+    /// entries so); a listing, or a scan that does not follow the one
+    /// asked about, says nothing.
+    #[test]
+    fn a_followed_scan_names_what_changed_since_the_one_before() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("results");
+        fs::create_dir(&dir).unwrap();
+        let name = |i: u32| dir.join(format!("net1-c{i}-eth0"));
+        for i in 1..5 {
+            fs::write(name(i), ENTRY.replace("c1", &format!("c{i}"))).unwrap();
+        }
+        let paths = |scan: &CacheScan| scan.attachments.iter().map(|a| a.path.clone()).collect::<BTreeSet<_>>();
+        let mut reader = CacheReader::new(CniCache::new(&dir));
+        let first = reader.scan();
+        let mut before = std::sync::Arc::clone(&first);
+        let mut tracked = paths(&before);
+        let changes: Vec<Box<dyn Fn()>> = vec![
+            Box::new(|| fs::write(name(9), ENTRY.replace("c1", "c9")).unwrap()),
+            Box::new(|| fs::remove_file(name(2)).unwrap()),
+            Box::new(|| fs::write(name(3), "{").unwrap()),
+            Box::new(|| fs::write(name(3), ENTRY.replace("c1", "c3")).unwrap()),
+            Box::new(|| {
+                fs::remove_file(name(4)).unwrap();
+                fs::write(name(5), ENTRY.replace("c1", "c5")).unwrap();
+            }),
+        ];
+        for (step, change) in changes.iter().enumerate() {
+            change();
+            let now = reader.scan();
+            assert!(reader.last_followed(), "step {step}: followed");
+            let changed = reader.changed_since(&before, &now).unwrap_or_else(|| panic!("step {step}: no changes named"));
+            for (path, attachment) in changed {
+                if *attachment {
+                    tracked.insert(path.clone());
+                } else {
+                    tracked.remove(path);
+                }
+            }
+            assert_eq!(tracked, paths(&now), "step {step}");
+            assert!(reader.changed_since(&now, &now).is_none(), "step {step}: not followed from itself");
+            if step > 0 {
+                assert!(reader.changed_since(&first, &now).is_none(), "step {step}: not from an older scan");
+            }
+            before = now;
+        }
+        // The directory replaced: listed, nothing named.
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir(&dir).unwrap();
+        fs::write(name(1), ENTRY).unwrap();
+        let listed = reader.scan();
+        assert!(!reader.last_followed());
+        assert!(reader.changed_since(&before, &listed).is_none(), "a listing names nothing");
     }
 
     #[test]
