@@ -331,8 +331,12 @@ pub struct CacheReader {
     /// When `given` was followed from the scan given before it: that one
     /// (weak: its allocation, hence its address, stays its own) and the
     /// entries that changed, each with whether it is an attachment now.
-    followed_from: Option<(std::sync::Weak<CacheScan>, Vec<(PathBuf, bool)>)>,
+    followed_from: Option<(std::sync::Weak<CacheScan>, Vec<ChangedEntry>)>,
 }
+
+/// An entry a followed scan read again (or found gone): its path, and
+/// whether it is an attachment now.
+pub type ChangedEntry = (PathBuf, bool);
 
 /// A listing at least this often, whatever the watch says: a writer that
 /// changes a file without a syscall inotify sees (a shared mapping) is
@@ -401,7 +405,7 @@ impl CacheReader {
             return Some(std::sync::Arc::clone(given));
         }
         let dir_path = self.cache.dir.clone();
-        let mut changed = Vec::with_capacity(names.len());
+        let mut read_again = Vec::with_capacity(names.len());
         if !names.is_empty() {
             let Ok(dir) = Dir::open(&dir_path) else {
                 self.listed = None;
@@ -413,11 +417,11 @@ impl CacheReader {
                         let (now, stamp) = (SystemTime::now(), Stamp::of(&meta));
                         self.last_reads += 1;
                         let read = read_entry(&dir, &dir_path, &name).map(|a| a.map(Arc::new));
-                        changed.push((dir_path.join(&name), matches!(read, Ok(Some(_)))));
+                        read_again.push((dir_path.join(&name), matches!(read, Ok(Some(_)))));
                         self.entries.insert(name, Remembered { stamp, settled: stamp.settled_before(now), read });
                     }
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                        changed.push((dir_path.join(&name), false));
+                        read_again.push((dir_path.join(&name), false));
                         self.entries.remove(&name);
                     }
                     Err(_) => {
@@ -432,7 +436,7 @@ impl CacheReader {
         let before = self.given.as_ref().map(std::sync::Arc::downgrade);
         let scan = self.remembered();
         let given = self.give(scan);
-        self.followed_from = before.map(|before| (before, changed));
+        self.followed_from = before.map(|before| (before, read_again));
         Some(given)
     }
 
@@ -442,7 +446,11 @@ impl CacheReader {
     /// otherwise (a listing, or scans given in between). Who keeps
     /// something per entry brings it up to date with these alone.
     #[must_use]
-    pub fn changed_since(&self, before: &std::sync::Arc<CacheScan>, now: &std::sync::Arc<CacheScan>) -> Option<&[(PathBuf, bool)]> {
+    pub fn changed_since(
+        &self,
+        before: &std::sync::Arc<CacheScan>,
+        now: &std::sync::Arc<CacheScan>,
+    ) -> Option<&[ChangedEntry]> {
         let (from, changed) = self.followed_from.as_ref()?;
         let is_given = self.given.as_ref().is_some_and(|g| std::sync::Arc::ptr_eq(g, now));
         (is_given && std::ptr::eq(from.as_ptr(), std::sync::Arc::as_ptr(before))).then_some(changed.as_slice())
@@ -856,7 +864,7 @@ mod tests {
         let first = reader.scan();
         let mut before = std::sync::Arc::clone(&first);
         let mut tracked = paths(&before);
-        let changes: Vec<Box<dyn Fn()>> = vec![
+        let edits: Vec<Box<dyn Fn()>> = vec![
             Box::new(|| fs::write(name(9), ENTRY.replace("c1", "c9")).unwrap()),
             Box::new(|| fs::remove_file(name(2)).unwrap()),
             Box::new(|| fs::write(name(3), "{").unwrap()),
@@ -866,11 +874,12 @@ mod tests {
                 fs::write(name(5), ENTRY.replace("c1", "c5")).unwrap();
             }),
         ];
-        for (step, change) in changes.iter().enumerate() {
-            change();
+        for (step, edit) in edits.iter().enumerate() {
+            edit();
             let now = reader.scan();
             assert!(reader.last_followed(), "step {step}: followed");
-            let changed = reader.changed_since(&before, &now).unwrap_or_else(|| panic!("step {step}: no changes named"));
+            let changed =
+                reader.changed_since(&before, &now).unwrap_or_else(|| panic!("step {step}: no changes named"));
             for (path, attachment) in changed {
                 if *attachment {
                     tracked.insert(path.clone());
