@@ -32,12 +32,12 @@ usage: cargo xtask vm-test [--kernel 5.10|6.1|6.12|host|all] [--timeout SECS]
 Runs the kernel-facing tests (probe loading and events, BTF offsets, the
 reclaim lab) in Debian's 5.10, 6.1 and 6.12 cloud kernels under qemu (TCG) and on
 this host. Kernels are cached under target/vm/kernels; artifacts go to
-target/vm/artifacts. --timeout bounds each guest (default 480 s; each test
-binary in a guest is bounded by 180 s, so a hang is named by its step).
+target/vm/artifacts. --timeout bounds each guest (default 840 s; each test
+binary in a guest is bounded by 300 s, so a hang is named by its step).
 ";
 
 /// Per-guest bound under TCG.
-const DEFAULT_BOUND: Duration = Duration::from_mins(8);
+const DEFAULT_BOUND: Duration = Duration::from_mins(14);
 
 /// Packages the VM run needs on the host: (a file proving it, package).
 const VM_PACKAGES: &[(&str, &str)] = &[
