@@ -96,7 +96,7 @@ impl<'s> ContainerIndex<'s> {
 
 /// How late the model may learn of a netns after a CNI run named it (the
 /// probe record and the discovery race the plugin).
-const DISCOVERY_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const DISCOVERY_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One incarnation's lifetime as the model saw it.
 struct Life {
@@ -191,18 +191,21 @@ impl Holders {
         Self { first_seen: by_time.iter().map(|&i| netns[i].first_seen).collect(), position: by_time, reach }
     }
 
+    /// Positions of the holders first seen at `seen`.
+    fn first_seen_at(&self, seen: SystemTime) -> impl Iterator<Item = usize> + '_ {
+        let from = self.first_seen.partition_point(|&f| f < seen);
+        let to = self.first_seen.partition_point(|&f| f <= seen);
+        self.position[from..to].iter().copied()
+    }
+
     /// Positions of every holder that [`Life::held_inode_at`] `at` may
     /// accept, and a few more: those first seen by then, back to the last
     /// one whose deaths so far reach `at`.
-    fn near(&self, at: SystemTime, out: &mut Vec<usize>) {
+    fn near(&self, at: SystemTime) -> impl Iterator<Item = usize> + '_ {
         let seen_by = self.first_seen.partition_point(|&f| f <= at + DISCOVERY_SLACK);
-        for j in (0..seen_by).rev() {
-            if self.reach[j].is_some_and(|r| r < at) {
-                // Every holder first seen before this one died before `at`.
-                break;
-            }
-            out.push(self.position[j]);
-        }
+        // Every holder first seen before one whose deaths so far all came
+        // before `at` died before `at`.
+        (0..seen_by).rev().take_while(move |&j| self.reach[j].is_none_or(|r| r >= at)).map(|j| self.position[j])
     }
 }
 
@@ -233,6 +236,32 @@ impl<'a> Incarnations<'a> {
         Self { netns, by_inode, by_nsid, reused, nsid_only }
     }
 
+    /// Positions of the netns that may have held `inode` at `at`
+    /// ([`Life::held_inode_at`]), and a few more: a reused inode's holders
+    /// near that time ([`Holders`]), otherwise every netns filed under it.
+    pub(crate) fn holding(&self, inode: u64, at: SystemTime, out: &mut Vec<usize>) {
+        match self.reused.get(&inode) {
+            Some(holders) => out.extend(holders.near(at)),
+            None => out.extend(self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice)),
+        }
+    }
+
+    /// Whether [`Self::at`] finds a netns the model knows, rather than
+    /// answering with the run's own (inode, nsid); the same candidates and
+    /// test, without collecting them.
+    pub(crate) fn knows_holder(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> bool {
+        let resolved = NetnsId::new(Some(inode), nsid, None);
+        let held = |&i: &usize| {
+            let v = self.netns[i];
+            v.id().may_be(&resolved) && Life::of(v).held_inode_at(at)
+        };
+        let by_inode = match self.reused.get(&inode) {
+            Some(holders) => holders.near(at).any(|i| held(&i)),
+            None => self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice).iter().any(held),
+        };
+        by_inode || nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice).iter().any(held)
+    }
+
     /// The incarnations that may have held `inode` at `at`. None known: the
     /// inode alone (it then matches any holder, which keeps). With `nsid`
     /// (resolved with the inode at the CNI run), only incarnations that agree
@@ -248,10 +277,7 @@ impl<'a> Incarnations<'a> {
     pub(crate) fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
         let mut near: Vec<usize> = Vec::new();
-        match self.reused.get(&inode) {
-            Some(holders) => holders.near(at, &mut near),
-            None => near.extend(self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice)),
-        }
+        self.holding(inode, at, &mut near);
         near.extend(nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice));
         // The two lists share no netns (one has an inode, the other none).
         near.sort_unstable();
@@ -278,13 +304,42 @@ impl<'a> Incarnations<'a> {
         Ascending { a: by_inode, b: by_nsid }
     }
 
-    /// Positions of the netns sharing `id`'s inode or nsid, in order.
+    /// Positions of the netns that may be `id` ([`NetnsId::may_be`]) and a
+    /// few more, in order. Under pod churn one inode and one nsid are
+    /// shared by most of the recent history, so an identity that names when
+    /// it was first seen (every view's does) is looked up by that time too:
+    /// with an inode, among that inode's holders first seen then and the
+    /// netns known by its nsid alone (one with another inode is not it);
+    /// without, among its nsid's netns first seen then.
     fn sharing(&self, id: &NetnsId) -> Vec<usize> {
         if id.inode.is_none() && id.nsid.is_none() {
             // Nothing to look up by: every netns is a candidate.
             return (0..self.netns.len()).collect();
         }
-        self.filed_under(id.inode, id.nsid).collect()
+        let Some(seen) = id.first_seen else { return self.filed_under(id.inode, id.nsid).collect() };
+        let seen_then = |&i: &usize| self.netns[i].first_seen == seen;
+        let mut found: Vec<usize> = match id.inode {
+            Some(inode) => {
+                let mut found: Vec<usize> = match self.reused.get(&inode) {
+                    Some(holders) => holders.first_seen_at(seen).collect(),
+                    None => self
+                        .by_inode
+                        .get(&inode)
+                        .map_or(&[][..], Filed::as_slice)
+                        .iter()
+                        .copied()
+                        .filter(seen_then)
+                        .collect(),
+                };
+                let nsid_only = id.nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice);
+                found.extend(nsid_only.iter().copied().filter(seen_then));
+                found
+            }
+            None => self.filed_under(None, id.nsid).filter(seen_then).collect(),
+        };
+        found.sort_unstable();
+        found.dedup();
+        found
     }
 
     /// The netns that may be `id` ([`NetnsId::may_be`]), in the snapshot's order.
@@ -1356,9 +1411,11 @@ mod tests {
                 prop::option::of(1i32..4),
                 prop::collection::vec(0usize..3, 0..2),
                 prop::option::of(1u8..4),
+                prop::option::of(0u64..30),
             )
-                .prop_map(|(inode, nsid, mounts, addr)| DeathKey {
-                    id: NetnsId::new(inode, nsid, None),
+                .prop_map(|(inode, nsid, mounts, addr, first_seen)| DeathKey {
+                    // A death the model saw names when it first saw the netns.
+                    id: NetnsId::new(inode, nsid, first_seen.map(t)),
                     paths: mounts.into_iter().map(|m| PathBuf::from(PATHS[m])).collect(),
                     addresses: addr.map(ip).into_iter().collect(),
                 })
@@ -1558,10 +1615,18 @@ mod tests {
             fn the_pass_index_answers_exactly_as_the_walks(
                 (views, ledger, cache, extra) in a_node(),
                 deaths in prop::collection::vec(a_death(), 1..3),
+                of_views in prop::collection::vec(0usize..7, 0..2),
                 containers in prop::collection::hash_set(0usize..6, 0..4),
                 ips in prop::collection::hash_set(1u8..5, 0..3),
                 sandboxes in prop::collection::vec(0usize..3, 0..2),
             ) {
+                // Deaths of the snapshot's own netns too, as the model sends them.
+                let mut deaths = deaths;
+                deaths.extend(of_views.iter().filter_map(|&i| views.get(i)).map(|v| DeathKey {
+                    id: v.id(),
+                    paths: v.bind_mounts.clone(),
+                    addresses: v.addresses.iter().map(|a| a.ip).collect(),
+                }));
                 let snapshot = snapshot_of(views);
                 let index = PassIndex::new(&snapshot, &ledger, &cache);
                 let walked = death_concern(

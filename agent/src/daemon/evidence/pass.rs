@@ -16,11 +16,12 @@ use std::{
     net::IpAddr,
     path::{Path, PathBuf},
     sync::Arc,
+    time::SystemTime,
 };
 
 use super::{
-    Concern, ContainerIndex, FirstSeen, Incarnations, Life, cache_names, cache_names_if, cni_ops_in, ledger_names,
-    ledger_names_if, may_be_named, push_netns, resolution_may_name,
+    Concern, ContainerIndex, DISCOVERY_SLACK, FirstSeen, Incarnations, Life, cache_names, cache_names_if, cni_ops_in,
+    ledger_names, ledger_names_if, may_be_named, push_netns, resolution_may_name,
 };
 use crate::{
     daemon::targeted::DeathKey,
@@ -254,8 +255,24 @@ impl<'a> PassIndex<'a> {
         // Attachments whose binding may name a death: by identity, by the
         // inode or nsid a run resolved, or by path alone.
         let mut named: Vec<&Attachment> = deaths.iter().flat_map(|d| self.attachments.may_name(&d.id)).collect();
+        // A run resolves to the netns that held its inode then, first seen by
+        // then give or take discovery, and an identity naming a time may be
+        // only a netns first seen then: a run before every death was first
+        // seen names one only with its own (inode, nsid), when the model
+        // knows no netns that held it (under churn, nearly every run of the
+        // inode's history is such a run, and this spares resolving each).
+        let earliest: Option<SystemTime> =
+            deaths.iter().map(|d| d.id.first_seen).collect::<Option<Vec<_>>>().and_then(|t| t.into_iter().min());
+        let resolved_elsewhere = |a: &Attachment| match (a.pinned, a.netns_inode, earliest) {
+            (None, Some(inode), Some(earliest)) => {
+                let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
+                bound_at + DISCOVERY_SLACK < earliest && self.incarnations.knows_holder(inode, a.netns_nsid, bound_at)
+            }
+            _ => false,
+        };
         for a in &named {
             if !containers.contains(&a.container_id)
+                && !resolved_elsewhere(a)
                 && ledger_names_if(a, &self.incarnations, resolve).0.iter().any(names_dead)
             {
                 containers.insert(a.container_id.clone());
@@ -354,8 +371,11 @@ impl<'a> PassIndex<'a> {
         for a in &attachments {
             match (a.pinned, a.netns_inode) {
                 (Some(id), _) => found.extend(self.incarnations.sharing(&id)),
-                (None, Some(inode)) if a.netns_bound_at.is_some() => {
-                    push_filed(&mut found, &self.incarnations.by_inode, &inode);
+                (None, Some(inode)) => {
+                    if let Some(bound_at) = a.netns_bound_at {
+                        // `Life::names` accepts only a holder at that time.
+                        self.incarnations.holding(inode, bound_at, &mut found);
+                    }
                 }
                 (None, _) => {}
             }
