@@ -31,7 +31,10 @@ pub(crate) use pass::PassIndex;
 /// stays linear. This is the one place where containers are joined to netns.
 struct ContainerIndex<'s> {
     /// Ledger bindings a CNI run resolved, by inode, and by nsid when the
-    /// run got one (for an incarnation known by nsid alone).
+    /// run got one (for an incarnation known by nsid alone), each list by
+    /// binding time: under pod churn one inode is bound by most of the
+    /// ledger's runs, and an incarnation is bound only by those of its
+    /// lifetime.
     by_inode: HashMap<u64, Vec<&'s Attachment>>,
     by_nsid: HashMap<i32, Vec<&'s Attachment>>,
     /// Bindings restored from an earlier run, which name their incarnation.
@@ -59,6 +62,8 @@ impl<'s> ContainerIndex<'s> {
                 }
             }
         }
+        let bound_at = |a: &&Attachment| a.netns_bound_at;
+        by_inode.values_mut().chain(by_nsid.values_mut()).for_each(|filed| filed.sort_by_key(bound_at));
         let mut by_path: HashMap<PathBuf, Vec<String>> = HashMap::new();
         for entry in cache {
             if let Some(path) = entry.netns.as_deref() {
@@ -78,9 +83,14 @@ impl<'s> ContainerIndex<'s> {
             (None, Some(nsid)) => self.by_nsid.get(&nsid),
             (None, None) => None,
         };
-        let mut ids: Vec<String> = filed
-            .into_iter()
-            .flatten()
+        // Only runs of its lifetime can name it ([`Life::held_inode_at`]).
+        let filed = filed.map_or(&[][..], Vec::as_slice);
+        let from = filed.partition_point(|a| a.netns_bound_at.is_some_and(|at| at + DISCOVERY_SLACK < life.first_seen));
+        let to = life.died_at.map_or(filed.len(), |died| {
+            from + filed[from..].partition_point(|a| a.netns_bound_at.is_some_and(|at| at <= died))
+        });
+        let mut ids: Vec<String> = filed[from..to]
+            .iter()
             .chain(&self.pinned)
             .filter(|a| life.names(a))
             .map(|a| a.container_id.clone())
