@@ -184,9 +184,8 @@ impl Agent {
             runs = None;
         }
         let (watching, first_seen) = (Some(self.watching_since), Some(&self.cache_first_seen));
-        // The runs already found serve the observations (same containers).
-        let sandboxed = with_sandboxes(&concern, sources.runtime.as_ref());
-        let obs = index.observations_with(watching, first_seen, &sandboxed, runs);
+        // The candidates' files as they are now (before the observations: a
+        // verdict is only wanted for a file that is still a reservation).
         let reservations = if candidates.len() <= targeted::INLINE_REREAD_LIMIT {
             targeted::reread(&candidates)
         } else {
@@ -199,14 +198,24 @@ impl Agent {
             .filter(|r| !concern.containers.contains(r.container_id.as_str()) || !concern.ips.contains(&r.ip))
             .map(|r| (r.container_id.to_string(), r.ip))
             .collect::<Vec<_>>();
-        let obs = if widened.is_empty() {
-            obs
-        } else {
+        if !widened.is_empty() {
             for (container, ip) in widened {
                 concern.containers.insert(container);
                 concern.ips.insert(ip);
             }
-            index.observations(watching, first_seen, &with_sandboxes(&concern, sources.runtime.as_ref()))
+            // Runs of the containers added are wanted too.
+            runs = None;
+        }
+        let obs = if reservations.is_empty() {
+            // No reservation of what the deaths concern is left (every pod
+            // whose DEL ran): no verdict to make, so none of the evidence a
+            // verdict reads is gathered. Under churn a death can concern
+            // thousands of old runs' containers (those whose netns the model
+            // no longer knows may be any netns of their inode).
+            Observations { watching_since: watching, ..Observations::default() }
+        } else {
+            let sandboxed = with_sandboxes(&concern, sources.runtime.as_ref());
+            index.observations_with(watching, first_seen, &sandboxed, runs)
         };
         drop(index);
         let obs = self.completed(obs, &sources, sources.runtime.clone());
