@@ -256,15 +256,19 @@ impl<'a> Incarnations<'a> {
         }
     }
 
+    /// Whether `view` is one [`Self::at`] answers for a run that resolved
+    /// `resolved` (inode, nsid) at `at`: it agrees with it and held the
+    /// inode then.
+    fn held_for(view: &NetnsView, resolved: &NetnsId, at: SystemTime) -> bool {
+        view.id().may_be(resolved) && Life::of(view).held_inode_at(at)
+    }
+
     /// Whether [`Self::at`] finds a netns the model knows, rather than
     /// answering with the run's own (inode, nsid); the same candidates and
     /// test, without collecting them.
     pub(crate) fn knows_holder(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> bool {
         let resolved = NetnsId::new(Some(inode), nsid, None);
-        let held = |&i: &usize| {
-            let v = self.netns[i];
-            v.id().may_be(&resolved) && Life::of(v).held_inode_at(at)
-        };
+        let held = |&i: &usize| Self::held_for(self.netns[i], &resolved, at);
         let by_inode = match self.reused.get(&inode) {
             Some(holders) => holders.near(at).any(|i| held(&i)),
             None => self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice).iter().any(held),
@@ -294,10 +298,8 @@ impl<'a> Incarnations<'a> {
         let ids: Vec<NetnsId> = near
             .into_iter()
             .map(|i| self.netns[i])
-            .filter(|v| v.id().may_be(&resolved))
-            .map(Life::of)
-            .filter(|l| l.held_inode_at(at))
-            .map(|l| l.id)
+            .filter(|v| Self::held_for(v, &resolved, at))
+            .map(NetnsView::id)
             .collect();
         if ids.is_empty() { vec![resolved] } else { ids }
     }
