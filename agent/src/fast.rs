@@ -43,6 +43,13 @@ impl<T> Filed<T> {
         }
     }
 
+    /// Sorts the values by `key` (stable).
+    pub fn sort_by_key<K: Ord>(&mut self, key: impl FnMut(&T) -> K) {
+        if let Self::Many(values) = self {
+            values.sort_by_key(key);
+        }
+    }
+
     /// The values in the order they were filed.
     pub fn iter(&self) -> std::slice::Iter<'_, T> {
         self.as_slice().iter()

@@ -62,8 +62,7 @@ impl<'s> ContainerIndex<'s> {
                 }
             }
         }
-        let bound_at = |a: &&Attachment| a.netns_bound_at;
-        by_inode.values_mut().chain(by_nsid.values_mut()).for_each(|filed| filed.sort_by_key(bound_at));
+        by_inode.values_mut().chain(by_nsid.values_mut()).for_each(|filed| filed.sort_by_key(|a| binding_time(a)));
         let mut by_path: HashMap<PathBuf, Vec<String>> = HashMap::new();
         for entry in cache {
             if let Some(path) = entry.netns.as_deref() {
@@ -83,13 +82,8 @@ impl<'s> ContainerIndex<'s> {
             (None, Some(nsid)) => self.by_nsid.get(&nsid),
             (None, None) => None,
         };
-        // Only runs of its lifetime can name it ([`Life::held_inode_at`]).
-        let filed = filed.map_or(&[][..], Vec::as_slice);
-        let from = filed.partition_point(|a| a.netns_bound_at.is_some_and(|at| at + DISCOVERY_SLACK < life.first_seen));
-        let to = life.died_at.map_or(filed.len(), |died| {
-            from + filed[from..].partition_point(|a| a.netns_bound_at.is_some_and(|at| at <= died))
-        });
-        let mut ids: Vec<String> = filed[from..to]
+        let mut ids: Vec<String> = life
+            .bound_during(filed.map_or(&[][..], Vec::as_slice))
             .iter()
             .chain(&self.pinned)
             .filter(|a| life.names(a))
@@ -145,6 +139,17 @@ impl Life {
         same && self.held_inode_at(bound_at)
     }
 
+    /// The part of `filed` (attachments sorted by [`binding_time`]) bound
+    /// during this lifetime, give or take discovery: the only runs
+    /// [`Life::names`] may accept ([`Life::held_inode_at`]). Under pod churn
+    /// one inode is bound by most of the ledger's runs.
+    fn bound_during<'f, 's>(&self, filed: &'f [&'s Attachment]) -> &'f [&'s Attachment] {
+        let from = filed.partition_point(|a| binding_time(a) + DISCOVERY_SLACK < self.first_seen);
+        let to =
+            self.died_at.map_or(filed.len(), |died| from + filed[from..].partition_point(|a| binding_time(a) <= died));
+        &filed[from..to]
+    }
+
     /// Whether ledger attachment `a` binds its container to this
     /// incarnation: pinned, by identity; otherwise [`Life::bound_by`] the
     /// run that resolved it. The one rule every lookup of a netns's
@@ -167,15 +172,19 @@ pub(crate) struct Incarnations<'a> {
     by_nsid: Map<i32, Filed<usize>>,
     /// Inodes held by more than one incarnation, their holders by time.
     reused: Map<u64, Holders>,
-    /// Netns the model knows by nsid alone.
-    nsid_only: Map<i32, Filed<usize>>,
+    /// Nsids held by more than one incarnation, their holders by time.
+    reused_nsid: Map<i32, Holders>,
+    /// Netns the model knows by nsid alone, by time: under pod churn a netns
+    /// that dies before the model opens it is known so, and one nsid is
+    /// held by most of them.
+    nsid_only: Map<i32, Holders>,
 }
 
-/// The incarnations that held one inode, by first sight, each with the
-/// latest death among it and those seen before it (`None`: one of them is
-/// alive). Kernels reuse the lowest free inode, so under pod churn one
-/// inode is held by most of the recent history: asking which holders could
-/// have held it at a time then looks at those near that time only.
+/// The incarnations that held one inode (or one nsid), by first sight, each
+/// with the latest death among it and those seen before it (`None`: one of
+/// them is alive). Kernels reuse the lowest free inode and nsid, so under pod
+/// churn one key is held by most of the recent history: asking which holders
+/// could have held it at a time then looks at those near that time only.
 struct Holders {
     first_seen: Vec<SystemTime>,
     position: Vec<usize>,
@@ -243,7 +252,13 @@ impl<'a> Incarnations<'a> {
             .filter(|(_, filed)| filed.as_slice().len() > 1)
             .map(|(&inode, filed)| (inode, Holders::new(filed.as_slice(), &netns)))
             .collect();
-        Self { netns, by_inode, by_nsid, reused, nsid_only }
+        let reused_nsid = by_nsid
+            .iter()
+            .filter(|(_, filed)| filed.as_slice().len() > 1)
+            .map(|(&nsid, filed)| (nsid, Holders::new(filed.as_slice(), &netns)))
+            .collect();
+        let nsid_only = nsid_only.iter().map(|(&nsid, filed)| (nsid, Holders::new(filed.as_slice(), &netns))).collect();
+        Self { netns, by_inode, by_nsid, reused, reused_nsid, nsid_only }
     }
 
     /// Positions of the netns that may have held `inode` at `at`
@@ -254,6 +269,12 @@ impl<'a> Incarnations<'a> {
             Some(holders) => out.extend(holders.near(at)),
             None => out.extend(self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice)),
         }
+    }
+
+    /// Positions of the netns known by `nsid` alone that may have held it at
+    /// `at`, and a few more ([`Holders::near`]).
+    fn nsid_only_near(&self, nsid: Option<i32>, at: SystemTime) -> impl Iterator<Item = usize> + '_ {
+        nsid.and_then(|n| self.nsid_only.get(&n)).into_iter().flat_map(move |h| h.near(at))
     }
 
     /// Whether `view` is one [`Self::at`] answers for a run that resolved
@@ -273,7 +294,7 @@ impl<'a> Incarnations<'a> {
             Some(holders) => holders.near(at).any(|i| held(&i)),
             None => self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice).iter().any(held),
         };
-        by_inode || nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice).iter().any(held)
+        by_inode || self.nsid_only_near(nsid, at).any(|i| held(&i))
     }
 
     /// The incarnations that may have held `inode` at `at`. None known: the
@@ -292,7 +313,7 @@ impl<'a> Incarnations<'a> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
         let mut near: Vec<usize> = Vec::new();
         self.holding(inode, at, &mut near);
-        near.extend(nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice));
+        near.extend(self.nsid_only_near(nsid, at));
         // The two lists share no netns (one has an inode, the other none).
         near.sort_unstable();
         let ids: Vec<NetnsId> = near
@@ -343,11 +364,15 @@ impl<'a> Incarnations<'a> {
                         .filter(seen_then)
                         .collect(),
                 };
-                let nsid_only = id.nsid.and_then(|n| self.nsid_only.get(&n)).map_or(&[][..], Filed::as_slice);
-                found.extend(nsid_only.iter().copied().filter(seen_then));
+                found.extend(
+                    id.nsid.and_then(|n| self.nsid_only.get(&n)).into_iter().flat_map(|h| h.first_seen_at(seen)),
+                );
                 found
             }
-            None => self.filed_under(None, id.nsid).filter(seen_then).collect(),
+            None => match id.nsid.and_then(|n| self.reused_nsid.get(&n)) {
+                Some(holders) => holders.first_seen_at(seen).collect(),
+                None => self.filed_under(None, id.nsid).filter(seen_then).collect(),
+            },
         };
         found.sort_unstable();
         found.dedup();
@@ -688,6 +713,12 @@ fn may_be_named(view: &NetnsView, bindings: &[Binding], sandbox_paths: &[PathBuf
     }) || sandbox_paths.iter().any(|p| at_path(p))
 }
 
+/// When an attachment's binding was made: the start of the run that
+/// resolved it, or when the ledger first saw the container.
+fn binding_time(a: &Attachment) -> SystemTime {
+    a.netns_bound_at.unwrap_or(a.first_seen)
+}
+
 /// The netns a ledger attachment binds its container to (the
 /// incarnations that held its inode when the run named it), and since when.
 fn ledger_names(a: &Attachment, incarnations: &Incarnations<'_>) -> (Vec<NetnsName>, SystemTime) {
@@ -701,7 +732,7 @@ fn ledger_names_if(
     incarnations: &Incarnations<'_>,
     resolve: impl Fn(u64, Option<i32>) -> bool,
 ) -> (Vec<NetnsName>, SystemTime) {
-    let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
+    let bound_at = binding_time(a);
     let names = match (a.pinned, a.netns_inode, &a.netns_path) {
         (Some(id), _, _) => vec![NetnsName::Id(id)],
         (None, Some(inode), _) if !resolve(inode, a.netns_nsid) => Vec::new(),

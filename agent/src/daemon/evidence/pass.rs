@@ -20,8 +20,8 @@ use std::{
 };
 
 use super::{
-    Concern, ContainerIndex, DISCOVERY_SLACK, FirstSeen, Incarnations, Life, cache_names, cache_names_if, cni_ops_in,
-    ledger_names, ledger_names_if, may_be_named, push_netns, resolution_may_name,
+    Concern, ContainerIndex, DISCOVERY_SLACK, FirstSeen, Incarnations, Life, binding_time, cache_names, cache_names_if,
+    cni_ops_in, ledger_names, ledger_names_if, may_be_named, push_netns, resolution_may_name,
 };
 use crate::{
     daemon::targeted::DeathKey,
@@ -64,7 +64,8 @@ fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Filed<
 #[derive(Default)]
 struct Attachments<'a> {
     /// Not pinned, resolved to an inode: by inode, by nsid when the run
-    /// resolved one, and those without an nsid apart.
+    /// resolved one (each list by binding time), and those without an nsid
+    /// apart.
     by_inode: Map<u64, Filed<&'a Attachment>>,
     by_nsid: Map<i32, Filed<&'a Attachment>>,
     without_nsid: Vec<&'a Attachment>,
@@ -102,6 +103,10 @@ impl<'a> Attachments<'a> {
                 (None, None, Some(path)) => index.by_path.entry(name_of(Path::new(path))).or_default().push(a),
                 (None, None, None) => {}
             }
+        }
+        // By binding time, for `Life::bound_during`.
+        for filed in index.by_inode.values_mut().chain(index.by_nsid.values_mut()) {
+            filed.sort_by_key(|a| binding_time(a));
         }
         index
     }
@@ -199,7 +204,7 @@ impl<'a> PassIndex<'a> {
         let mut ids: Vec<String> = self
             .attachments
             .pinned_sharing(&life.id)
-            .chain(filed.into_iter().flatten().copied())
+            .chain(life.bound_during(filed.map_or(&[][..], Filed::as_slice)).iter().copied())
             .filter(|a| life.names(a))
             .map(|a| a.container_id.clone())
             .collect();
@@ -265,7 +270,7 @@ impl<'a> PassIndex<'a> {
             deaths.iter().map(|d| d.id.first_seen).collect::<Option<Vec<_>>>().and_then(|t| t.into_iter().min());
         let resolved_elsewhere = |a: &Attachment| match (a.pinned, a.netns_inode, earliest) {
             (None, Some(inode), Some(earliest)) => {
-                let bound_at = a.netns_bound_at.unwrap_or(a.first_seen);
+                let bound_at = binding_time(a);
                 bound_at + DISCOVERY_SLACK < earliest && self.incarnations.knows_holder(inode, a.netns_nsid, bound_at)
             }
             _ => false,
