@@ -667,6 +667,7 @@ fn observations_walked(
             cache.iter().map(AsRef::as_ref).filter(|e: &&CachedAttachment| scope.wants_container(&e.container_id)),
         ),
     };
+    let names = distinct_names(&obs.bindings);
     for view in &snapshot.netns {
         let life = Life::of(view);
         let container_ids = match scope {
@@ -674,7 +675,7 @@ fn observations_walked(
             Scope::Concerning(concern) => {
                 let concerned = view.global_addresses().any(|a| concern.ips.contains(&a.ip))
                     || !containers.containers_of(&life, &view.bind_mounts).is_empty()
-                    || may_be_named(view, &obs.bindings, &concern.sandbox_paths);
+                    || may_be_named(view, &names, &concern.sandbox_paths);
                 if !concerned {
                     continue;
                 }
@@ -701,13 +702,21 @@ pub(super) fn push_netns(obs: &mut Observations, id: NetnsId, view: &NetnsView, 
     }
 }
 
+/// The netns the bindings name, each once, in their order: under pod churn
+/// thousands of runs name one reused inode alone (a netns the model no
+/// longer knows), and asking each binding per netns was quadratic.
+pub(super) fn distinct_names(bindings: &[Binding]) -> Vec<NetnsName> {
+    let mut seen = HashSet::with_capacity(bindings.len());
+    bindings.iter().map(|b| &b.netns).filter(|name| seen.insert(*name)).cloned().collect()
+}
+
 /// Whether a binding or a sandbox path may name this netns, as the engine's
 /// index matches them (an identity that may be its own, or one of its
 /// paths).
-fn may_be_named(view: &NetnsView, bindings: &[Binding], sandbox_paths: &[PathBuf]) -> bool {
+fn may_be_named(view: &NetnsView, names: &[NetnsName], sandbox_paths: &[PathBuf]) -> bool {
     let id = view.id();
     let at_path = |p: &Path| view.bind_mounts.iter().any(|m| same_netns_path(m, p));
-    bindings.iter().any(|b| match &b.netns {
+    names.iter().any(|name| match name {
         NetnsName::Id(named) => id.may_be(named),
         NetnsName::Path(p) => at_path(p),
     }) || sandbox_paths.iter().any(|p| at_path(p))

@@ -54,7 +54,7 @@ impl Default for DeadNetns {
 }
 
 /// How a binding names its netns.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NetnsName {
     /// Resolved when it was seen (stat of `CNI_NETNS` while the netns lived).

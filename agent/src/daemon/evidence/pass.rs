@@ -21,7 +21,7 @@ use std::{
 
 use super::{
     Concern, ContainerIndex, DISCOVERY_SLACK, FirstSeen, Incarnations, Life, binding_time, cache_names, cache_names_if,
-    cni_ops_in, ledger_names, ledger_names_if, may_be_named, push_netns, resolution_may_name,
+    cni_ops_in, distinct_names, ledger_names, ledger_names_if, may_be_named, push_netns, resolution_may_name,
 };
 use crate::{
     daemon::targeted::DeathKey,
@@ -385,16 +385,17 @@ impl<'a> PassIndex<'a> {
                 (None, _) => {}
             }
         }
+        let names = distinct_names(&obs.bindings);
         let mounts = entries.iter().filter_map(|e| e.netns.as_deref().map(Path::new));
-        let named = obs.bindings.iter().filter_map(|b| match &b.netns {
+        let named = names.iter().filter_map(|name| match name {
             NetnsName::Path(p) => Some(p.as_path()),
             NetnsName::Id(_) => None,
         });
         for p in mounts.chain(named).chain(concern.sandbox_paths.iter().map(PathBuf::as_path)) {
             push_filed(&mut found, &self.views_by_mount, &name_of(p));
         }
-        for b in &obs.bindings {
-            if let NetnsName::Id(id) = &b.netns {
+        for name in &names {
+            if let NetnsName::Id(id) = name {
                 found.extend(self.incarnations.sharing(id));
             }
         }
@@ -404,7 +405,7 @@ impl<'a> PassIndex<'a> {
             let life = Life::of(view);
             let concerned = view.global_addresses().any(|a| concern.ips.contains(&a.ip))
                 || !containers.containers_of(&life, &view.bind_mounts).is_empty()
-                || may_be_named(view, &obs.bindings, &concern.sandbox_paths);
+                || may_be_named(view, &names, &concern.sandbox_paths);
             if !concerned {
                 continue;
             }
