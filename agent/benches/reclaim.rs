@@ -570,7 +570,7 @@ fn scale(scratch: &Path) -> Value {
             seen_at: t_file,
         });
         obs.cni_ops.push(CniOp {
-            container_id: Some(cid(pod)),
+            container_id: Some(cid(pod).into()),
             container_id_truncated: false,
             command: "ADD".into(),
             plugin: "bridge".into(),

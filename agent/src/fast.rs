@@ -43,10 +43,10 @@ impl<T> Filed<T> {
         }
     }
 
-    /// Sorts the values by `key` (stable).
-    pub fn sort_by_key<K: Ord>(&mut self, key: impl FnMut(&T) -> K) {
+    /// Sorts the values by `key` (not stable: equal keys in any order).
+    pub fn sort_unstable_by_key<K: Ord>(&mut self, key: impl FnMut(&T) -> K) {
         if let Self::Many(values) = self {
-            values.sort_by_key(key);
+            values.sort_unstable_by_key(key);
         }
     }
 

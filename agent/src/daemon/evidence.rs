@@ -18,7 +18,7 @@ use crate::{
     },
     fast::{Filed, Map},
     identity::NetnsId,
-    ipam::cnicache::CachedAttachment,
+    ipam::{SharedStr, cnicache::CachedAttachment},
     ledger::{Attachment, Ledger},
     model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
@@ -558,9 +558,12 @@ pub fn cni_ops_in(ledger: &Ledger, scope: Scope<'_>) -> Vec<CniOp> {
             let answer = if truncated { &mut cut } else { &mut whole };
             *answer.get_or_insert_with(|| scope.wants_run(&a.container_id, truncated))
         };
+        // One copy of the ID for all of the attachment's runs.
+        let mut container_id: Option<SharedStr> = None;
         for op in a.operations.iter().filter(|op| wanted(op.truncated)) {
+            let container_id = container_id.get_or_insert_with(|| SharedStr::from(&a.container_id));
             ops.push(CniOp {
-                container_id: Some(a.container_id.clone()),
+                container_id: Some(container_id.clone()),
                 container_id_truncated: op.truncated,
                 command: op.command.clone(),
                 plugin: op.plugin.clone(),
@@ -717,7 +720,7 @@ fn may_be_named(view: &NetnsView, names: &[NetnsName], sandbox_paths: &[PathBuf]
     let id = view.id();
     let at_path = |p: &Path| view.bind_mounts.iter().any(|m| same_netns_path(m, p));
     names.iter().any(|name| match name {
-        NetnsName::Id(named) => id.may_be(named),
+        NetnsName::Id(other) => id.may_be(other),
         NetnsName::Path(p) => at_path(p),
     }) || sandbox_paths.iter().any(|p| at_path(p))
 }

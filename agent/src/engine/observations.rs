@@ -11,7 +11,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::timefmt;
+use crate::{ipam::SharedStr, timefmt};
 
 pub use crate::identity::NetnsId;
 
@@ -110,13 +110,13 @@ pub struct Binding {
 pub struct CniOp {
     /// `CNI_CONTAINERID`; None when the kernel could not read it, which makes
     /// an in-flight run concern every reservation.
-    pub container_id: Option<String>,
+    pub container_id: Option<SharedStr>,
     /// The kernel's buffer cut the container ID: it is a prefix.
     pub container_id_truncated: bool,
     /// ADD, DEL, CHECK, GC...
-    pub command: String,
+    pub command: SharedStr,
     /// The plugin binary.
-    pub plugin: String,
+    pub plugin: SharedStr,
     #[serde(with = "timefmt::rfc3339")]
     pub started_at: SystemTime,
     /// None while the run is in flight.
@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn truncated_container_ids_match_as_prefixes() {
         let op = |id: Option<&str>, truncated| CniOp {
-            container_id: id.map(str::to_owned),
+            container_id: id.map(SharedStr::from),
             container_id_truncated: truncated,
             command: "ADD".into(),
             plugin: "bridge".into(),

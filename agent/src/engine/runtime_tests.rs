@@ -219,7 +219,7 @@ fn a_time() -> impl Strategy<Value = SystemTime> {
 fn an_op() -> impl Strategy<Value = CniOp> {
     (prop::option::of(a_cid()), a_time(), prop::option::of(a_time())).prop_map(
         |(container_id, started_at, finished_at)| CniOp {
-            container_id,
+            container_id: container_id.map(crate::ipam::SharedStr::from),
             container_id_truncated: false,
             command: "ADD".into(),
             plugin: "bridge".into(),

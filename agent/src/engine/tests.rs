@@ -43,7 +43,7 @@ fn bind(cid: &str, netns: NetnsName, seen: SystemTime) -> Binding {
 
 fn op(cid: Option<&str>, command: &str, started: SystemTime, finished: Option<SystemTime>) -> CniOp {
     CniOp {
-        container_id: cid.map(str::to_owned),
+        container_id: cid.map(crate::ipam::SharedStr::from),
         container_id_truncated: false,
         command: command.into(),
         plugin: "/usr/lib/cni/bridge".into(),
@@ -448,7 +448,7 @@ fn a_live() -> impl Strategy<Value = LiveNetns> {
 fn an_op() -> impl Strategy<Value = CniOp> {
     (prop::option::of(a_cid()), any::<bool>(), a_time(), prop::option::of(a_time()), prop::option::of(-1i32..3))
         .prop_map(|(container_id, container_id_truncated, started_at, finished_at, exit_code)| CniOp {
-            container_id,
+            container_id: container_id.map(crate::ipam::SharedStr::from),
             container_id_truncated,
             command: "ADD".into(),
             plugin: "bridge".into(),

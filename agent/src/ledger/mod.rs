@@ -9,8 +9,11 @@ use serde::{Deserialize, Serialize};
 
 pub mod persist;
 
-use crate::kernel::events::{CniExit, KernelEvent};
 pub use crate::netlink::query::Guess;
+use crate::{
+    ipam::SharedStr,
+    kernel::events::{CniExit, KernelEvent},
+};
 
 /// Operations kept per container. Past it, finished operations after the
 /// first few are dropped oldest first: the first ones (the ADD that made the
@@ -50,10 +53,11 @@ pub fn dead_binding_max_age(orphan_grace: std::time::Duration) -> std::time::Dur
 /// One run of one CNI plugin binary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CniOperation {
-    /// ADD, DEL, CHECK, GC, VERSION, STATUS.
-    pub command: String,
-    /// The plugin binary's path.
-    pub plugin: String,
+    /// ADD, DEL, CHECK, GC, VERSION, STATUS. Shared: every pass's
+    /// observations hold a copy of every run.
+    pub command: SharedStr,
+    /// The plugin binary's path (shared, as `command`).
+    pub plugin: SharedStr,
     pub pid: u32,
     pub started_at: SystemTime,
     pub started_ktime_ns: u64,
@@ -426,8 +430,8 @@ impl Ledger {
                 }
                 let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
                 entry.operations.push(CniOperation {
-                    command: exec.command.value.clone(),
-                    plugin: exec.binary.value.clone(),
+                    command: SharedStr::from(&exec.command.value),
+                    plugin: SharedStr::from(&exec.binary.value),
                     pid: task.tgid,
                     started_at: at,
                     started_ktime_ns: task.ktime_ns,
@@ -495,8 +499,8 @@ impl Ledger {
         self.unattributed.insert(
             task.tgid,
             CniOperation {
-                command: exec.command.value.clone(),
-                plugin: exec.binary.value.clone(),
+                command: SharedStr::from(&exec.command.value),
+                plugin: SharedStr::from(&exec.binary.value),
                 pid: task.tgid,
                 started_at: at,
                 started_ktime_ns: task.ktime_ns,

@@ -106,7 +106,7 @@ impl<'a> Attachments<'a> {
         }
         // By binding time, for `Life::bound_during`.
         for filed in index.by_inode.values_mut().chain(index.by_nsid.values_mut()) {
-            filed.sort_by_key(|a| binding_time(a));
+            filed.sort_unstable_by_key(|a| binding_time(a));
         }
         index
     }
@@ -387,11 +387,11 @@ impl<'a> PassIndex<'a> {
         }
         let names = distinct_names(&obs.bindings);
         let mounts = entries.iter().filter_map(|e| e.netns.as_deref().map(Path::new));
-        let named = names.iter().filter_map(|name| match name {
+        let named_paths = names.iter().filter_map(|name| match name {
             NetnsName::Path(p) => Some(p.as_path()),
             NetnsName::Id(_) => None,
         });
-        for p in mounts.chain(named).chain(concern.sandbox_paths.iter().map(PathBuf::as_path)) {
+        for p in mounts.chain(named_paths).chain(concern.sandbox_paths.iter().map(PathBuf::as_path)) {
             push_filed(&mut found, &self.views_by_mount, &name_of(p));
         }
         for name in &names {

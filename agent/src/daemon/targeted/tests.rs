@@ -31,7 +31,7 @@ fn a_time() -> impl Strategy<Value = SystemTime> {
 fn an_op() -> impl Strategy<Value = CniOp> {
     (prop::option::of(a_cid()), a_time(), prop::option::of(a_time())).prop_map(
         |(container_id, started_at, finished_at)| CniOp {
-            container_id,
+            container_id: container_id.map(SharedStr::from),
             container_id_truncated: false,
             command: "ADD".into(),
             plugin: "bridge".into(),
@@ -171,7 +171,7 @@ fn a_death_concerns_its_containers_and_addresses_only() {
 #[test]
 fn a_run_since_the_last_full_pass_asks_for_the_whole_store() {
     let op = |started: u64, finished: Option<u64>, cid: Option<&str>| CniOp {
-        container_id: cid.map(str::to_owned),
+        container_id: cid.map(SharedStr::from),
         container_id_truncated: false,
         command: "ADD".into(),
         plugin: "bridge".into(),
