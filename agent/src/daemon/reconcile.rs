@@ -134,6 +134,7 @@ impl Agent {
         let reconciled = self.reconcile_quietly(reason, started, obs, observed).await?;
         let waiting = triggers::Waiting::of(&reconciled.verdicts);
         self.triggers.reconciled(reconciled.requeue, waiting, self.ledger.any_running());
+        self.triggers.full_pass_took(reconciled.started.elapsed());
         self.publish_reconciled(reconciled)
     }
 

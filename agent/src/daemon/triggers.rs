@@ -37,6 +37,15 @@ pub const CNI_EXIT_COALESCE: Duration = Duration::from_millis(20);
 /// a second for all of them.
 pub const QUIET_EXIT_COALESCE: Duration = Duration::from_secs(1);
 
+/// A quiet reconcile (one nothing waits on: a healthy pod's run ended, or
+/// the follow-up of a death pass) comes at least this many times the last
+/// full pass's cost after it. A full pass costs in proportion to the node
+/// and its recent history; under pod churn one a second took most of a core
+/// (session 18), while this keeps the quiet ones within 5 % of one.
+const QUIET_COST_RATIO: u32 = 19;
+/// ... and never later than this after it.
+const MAX_QUIET_GAP: Duration = Duration::from_secs(10);
+
 /// A requeue is never sooner than this after the reconcile that set it: a
 /// grace that "ran out" by a clock step must not make the loop spin.
 const MIN_REQUEUE: Duration = Duration::from_millis(100);
@@ -94,6 +103,8 @@ pub struct Triggers {
     /// A netns died while CNI runs of its containers were in flight, and no
     /// reconcile has run since with none in flight.
     death_during_runs: bool,
+    /// The earliest moment for a quiet reconcile ([`QUIET_COST_RATIO`]).
+    quiet_not_before: Option<Instant>,
 }
 
 impl Triggers {
@@ -107,8 +118,19 @@ impl Triggers {
             // Sooner than a quiet exit's reconcile already armed.
             self.coalesced_at = Some(self.coalesced_at.map_or(soon, |at| at.min(soon)));
         } else {
-            self.coalesced_at.get_or_insert_with(|| Instant::now() + QUIET_EXIT_COALESCE);
+            self.arm_quiet();
         }
+    }
+
+    /// A quiet reconcile: within a second, spaced after a costly full pass.
+    fn arm_quiet(&mut self) {
+        let quiet = (Instant::now() + QUIET_EXIT_COALESCE).max(self.quiet_not_before.unwrap_or_else(Instant::now));
+        self.coalesced_at.get_or_insert(quiet);
+    }
+
+    /// A full reconcile just ended; it took `cost` (observing included).
+    pub fn full_pass_took(&mut self, cost: Duration) {
+        self.quiet_not_before = Some(Instant::now() + cost.saturating_mul(QUIET_COST_RATIO).min(MAX_QUIET_GAP));
     }
 
     /// Netns died; `runs_concerned`: a CNI run of a container bound to one
@@ -124,7 +146,7 @@ impl Triggers {
     /// wait on ([`Waiting::of`]).
     pub fn targeted(&mut self, waiting: Waiting) {
         self.waiting.merge(waiting);
-        self.coalesced_at.get_or_insert_with(|| Instant::now() + QUIET_EXIT_COALESCE);
+        self.arm_quiet();
     }
 
     /// A reconcile ran: it saw every exit ingested before it. `requeue` is
@@ -366,6 +388,30 @@ mod tests {
         t.reconciled(None, Waiting::default(), true);
         t.cni_exited(None, false);
         assert!(quiet(&t));
+    }
+
+    #[test]
+    fn a_costly_full_pass_spaces_the_quiet_reconciles_but_not_those_a_verdict_waits_for() {
+        let mut t = Triggers::default();
+        t.reconciled(None, Waiting::default(), false);
+        t.full_pass_took(Duration::from_millis(200));
+        t.cni_exited(Some("c"), false);
+        let at = t.coalesced_at().expect("a quiet reconcile");
+        assert!(at >= Instant::now() + Duration::from_millis(3500), "19 times the pass's 200 ms after it");
+        t.cni_exited(Some("c"), true);
+        assert!(soon(&t), "a failed run still asks soon");
+        // A cheap pass: the usual second.
+        t.reconciled(None, Waiting::default(), false);
+        t.full_pass_took(Duration::from_millis(1));
+        t.targeted(Waiting::default());
+        assert!(quiet(&t));
+        assert!(t.coalesced_at().is_some_and(|at| at <= Instant::now() + QUIET_EXIT_COALESCE));
+        // However costly, never later than the cap.
+        t.reconciled(None, Waiting::default(), false);
+        t.full_pass_took(Duration::from_mins(1));
+        t.targeted(Waiting::default());
+        assert!(t.coalesced_at().is_some_and(|at| at <= Instant::now() + MAX_QUIET_GAP));
+        assert!(t.coalesced_at().is_some_and(|at| at > Instant::now() + MAX_QUIET_GAP / 2));
     }
 
     #[test]
