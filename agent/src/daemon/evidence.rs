@@ -172,8 +172,10 @@ pub(crate) struct Incarnations<'a> {
     by_nsid: Map<i32, Filed<usize>>,
     /// Inodes held by more than one incarnation, their holders by time.
     reused: Map<u64, Holders>,
-    /// Nsids held by more than one incarnation, their holders by time.
-    reused_nsid: Map<i32, Holders>,
+    /// Nsids held by more than one incarnation, their holders by time:
+    /// built on the first lookup of an identity without an inode (rare: a
+    /// netns that died before the model could open it).
+    reused_nsid: std::cell::OnceCell<Map<i32, Holders>>,
     /// Netns the model knows by nsid alone, by time: under pod churn a netns
     /// that dies before the model opens it is known so, and one nsid is
     /// held by most of them.
@@ -252,13 +254,8 @@ impl<'a> Incarnations<'a> {
             .filter(|(_, filed)| filed.as_slice().len() > 1)
             .map(|(&inode, filed)| (inode, Holders::new(filed.as_slice(), &netns)))
             .collect();
-        let reused_nsid = by_nsid
-            .iter()
-            .filter(|(_, filed)| filed.as_slice().len() > 1)
-            .map(|(&nsid, filed)| (nsid, Holders::new(filed.as_slice(), &netns)))
-            .collect();
         let nsid_only = nsid_only.iter().map(|(&nsid, filed)| (nsid, Holders::new(filed.as_slice(), &netns))).collect();
-        Self { netns, by_inode, by_nsid, reused, reused_nsid, nsid_only }
+        Self { netns, by_inode, by_nsid, reused, reused_nsid: std::cell::OnceCell::new(), nsid_only }
     }
 
     /// Positions of the netns that may have held `inode` at `at`
@@ -269,6 +266,17 @@ impl<'a> Incarnations<'a> {
             Some(holders) => out.extend(holders.near(at)),
             None => out.extend(self.by_inode.get(&inode).map_or(&[][..], Filed::as_slice)),
         }
+    }
+
+    /// See the field.
+    fn reused_nsid(&self) -> &Map<i32, Holders> {
+        self.reused_nsid.get_or_init(|| {
+            self.by_nsid
+                .iter()
+                .filter(|(_, filed)| filed.as_slice().len() > 1)
+                .map(|(&nsid, filed)| (nsid, Holders::new(filed.as_slice(), &self.netns)))
+                .collect()
+        })
     }
 
     /// Positions of the netns known by `nsid` alone that may have held it at
@@ -369,7 +377,7 @@ impl<'a> Incarnations<'a> {
                 );
                 found
             }
-            None => match id.nsid.and_then(|n| self.reused_nsid.get(&n)) {
+            None => match id.nsid.and_then(|n| self.reused_nsid().get(&n)) {
                 Some(holders) => holders.first_seen_at(seen).collect(),
                 None => self.filed_under(None, id.nsid).filter(seen_then).collect(),
             },
@@ -670,7 +678,11 @@ fn observations_walked(
             cache.iter().map(AsRef::as_ref).filter(|e: &&CachedAttachment| scope.wants_container(&e.container_id)),
         ),
     };
-    let names = distinct_names(&obs.bindings);
+    // Asked only for a concern (see `may_be_named`).
+    let names = match scope {
+        Scope::All => Vec::new(),
+        Scope::Concerning(_) => distinct_names(&obs.bindings),
+    };
     for view in &snapshot.netns {
         let life = Life::of(view);
         let container_ids = match scope {
