@@ -125,7 +125,7 @@ impl Life {
 
     /// Whether a CNI run that resolved its netns to `inode` (and `nsid`,
     /// when it got one) at `bound_at` bound its container to this
-    /// incarnation, as [`Incarnations::at`] resolves such a binding: by
+    /// incarnation, as [`Incarnations::of_binding`] resolves such a binding: by
     /// inode when the model knows this one's; one known by nsid alone, by
     /// the run's nsid. Both are reused at once (the lowest free), so either
     /// way only if this incarnation held them at `bound_at`. One with a
@@ -285,14 +285,14 @@ impl<'a> Incarnations<'a> {
         nsid.and_then(|n| self.nsid_only.get(&n)).into_iter().flat_map(move |h| h.near(at))
     }
 
-    /// Whether `view` is one [`Self::at`] answers for a run that resolved
+    /// Whether `view` is one [`Self::known_at`] answers for a run that resolved
     /// `resolved` (inode, nsid) at `at`: it agrees with it and held the
     /// inode then.
     fn held_for(view: &NetnsView, resolved: &NetnsId, at: SystemTime) -> bool {
         view.id().may_be(resolved) && Life::of(view).held_inode_at(at)
     }
 
-    /// Whether [`Self::at`] finds a netns the model knows, rather than
+    /// Whether [`Self::known_at`] finds a netns the model knows, rather than
     /// answering with the run's own (inode, nsid); the same candidates and
     /// test, without collecting them.
     pub(crate) fn knows_holder(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> bool {
@@ -305,19 +305,48 @@ impl<'a> Incarnations<'a> {
         by_inode || self.nsid_only_near(nsid, at).any(|i| held(&i))
     }
 
-    /// The incarnations that may have held `inode` at `at`. None known: the
-    /// inode alone (it then matches any holder, which keeps). With `nsid`
-    /// (resolved with the inode at the CNI run), only incarnations that agree
-    /// with it; it also finds a netns the model knew only by nsid.
-    ///
-    /// `may_be` needs a shared inode or nsid, so
-    /// only the netns filed under them can match; they are taken in the
-    /// snapshot's order, as a walk of all of them would.
-    ///
-    /// Those are the inode's holders and the netns known by that nsid
-    /// alone (one holding another inode is not `may_be`); a reused inode's
-    /// holders are looked up by time ([`Holders`]).
+    /// [`Self::known_at`], or when the model knows none, the inode alone
+    /// (it then matches any holder, which keeps): what a run names that the
+    /// ledger knows no death of ([`Self::of_binding`]).
+    #[cfg(test)]
     pub(crate) fn at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
+        let ids = self.known_at(inode, nsid, at);
+        if ids.is_empty() { vec![NetnsId::new(Some(inode), nsid, None)] } else { ids }
+    }
+
+    /// What attachment `a`'s run, which resolved `inode` (and `nsid`) at
+    /// `at`, names: the incarnations the model knows held it then
+    /// ([`Self::known_at`]). None known: the inode alone (it then matches
+    /// any holder, which keeps), except when the kernel said the
+    /// incarnation this very binding resolved to died
+    /// ([`dead_incarnation`]). That one is named then, not the inode alone:
+    /// the model forgets dead netns sooner than the ledger its dead
+    /// bindings (at most `ModelConfig::max_dead` views, 205 s at 20 pod
+    /// deaths a second, against 30 minutes), and a reused inode alone may
+    /// be any of its later holders: a keep on a live one that is not this
+    /// binding's, and every later death's concern holding the container.
+    /// The binding names what it named while the model knew that netns;
+    /// absent from the observations now, it is unresolved (the orphan grace
+    /// decides), never taken for dead on another netns's death.
+    pub(crate) fn of_binding(&self, a: &Attachment, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
+        let ids = self.known_at(inode, nsid, at);
+        if !ids.is_empty() {
+            return ids;
+        }
+        vec![dead_incarnation(a, inode, nsid).map_or_else(|| NetnsId::new(Some(inode), nsid, None), |(id, _)| id)]
+    }
+
+    /// The incarnations the model knows that may have held `inode` at
+    /// `at` (none: empty). With `nsid` (resolved with the inode at the CNI
+    /// run), only incarnations that agree with it; it also finds a netns
+    /// the model knew only by nsid.
+    ///
+    /// `may_be` needs a shared inode or nsid, so only the netns filed under
+    /// them can match; they are taken in the snapshot's order, as a walk of
+    /// all of them would. Those are the inode's holders and the netns known
+    /// by that nsid alone (one holding another inode is not `may_be`); a
+    /// reused inode's holders are looked up by time ([`Holders`]).
+    fn known_at(&self, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
         let resolved = NetnsId::new(Some(inode), nsid, None);
         let mut near: Vec<usize> = Vec::new();
         self.holding(inode, at, &mut near);
@@ -330,7 +359,7 @@ impl<'a> Incarnations<'a> {
             .filter(|v| Self::held_for(v, &resolved, at))
             .map(NetnsView::id)
             .collect();
-        if ids.is_empty() { vec![resolved] } else { ids }
+        ids
     }
 
     /// Positions of the netns filed under `inode` or `nsid`, ascending, each
@@ -737,6 +766,26 @@ fn may_be_named(view: &NetnsView, names: &[NetnsName], sandbox_paths: &[PathBuf]
     }) || sandbox_paths.iter().any(|p| at_path(p))
 }
 
+/// The incarnation attachment `a`'s binding named when the kernel said it
+/// died, and when it died ([`crate::ledger::BindingDeath`]), if it agrees
+/// with the run's resolution (`inode`, `nsid`): what the binding names once
+/// the model has forgotten that netns ([`Incarnations::of_binding`]).
+pub(super) fn dead_incarnation(a: &Attachment, inode: u64, nsid: Option<i32>) -> Option<(NetnsId, SystemTime)> {
+    let resolved = NetnsId::new(Some(inode), nsid, None);
+    a.died.and_then(|d| d.incarnation).filter(|(id, _)| a.pinned.is_none() && id.may_be(&resolved))
+}
+
+/// Whether the run that made `a`'s binding resolved it to the netns whose
+/// death this is (the rule every lookup of a netns's containers applies,
+/// [`Life::names`], and an nsid that agrees): then the ledger keeps that
+/// incarnation with the binding ([`crate::ledger::Ledger::netns_died`]).
+#[must_use]
+pub fn binding_resolved_to(death: &NetnsDeath, a: &Attachment) -> bool {
+    let id = death.id();
+    let life = Life { id, first_seen: death.first_seen, died_at: Some(death.at) };
+    a.pinned.is_none() && life.names(a) && id.may_be(&NetnsId::new(a.netns_inode, a.netns_nsid, None))
+}
+
 /// When an attachment's binding was made: the start of the run that
 /// resolved it, or when the ledger first saw the container.
 fn binding_time(a: &Attachment) -> SystemTime {
@@ -761,7 +810,7 @@ fn ledger_names_if(
         (Some(id), _, _) => vec![NetnsName::Id(id)],
         (None, Some(inode), _) if !resolve(inode, a.netns_nsid) => Vec::new(),
         (None, Some(inode), _) => {
-            incarnations.at(inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
+            incarnations.of_binding(a, inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
         }
         (None, None, Some(path)) => vec![NetnsName::Path(PathBuf::from(path))],
         (None, None, None) => Vec::new(),
@@ -796,14 +845,18 @@ fn cache_names_if(
     let Some(path) = entry.netns.as_deref() else { return Vec::new() };
     let resolved = ledger.get(&entry.container_id).and_then(|a| {
         let same_path = a.netns_path.as_deref().is_some_and(|p| same_netns_path(Path::new(p), Path::new(path)));
-        a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a.pinned, a.netns_nsid))
+        a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a))
     });
     match resolved {
-        Some(((_, bound_at), Some(pinned), _)) => vec![(NetnsName::Id(pinned), bound_at)],
-        Some(((inode, _), None, nsid)) if !resolve(inode, nsid) => Vec::new(),
-        Some(((inode, bound_at), None, nsid)) => {
-            incarnations.at(inode, nsid, bound_at).into_iter().map(|id| (NetnsName::Id(id), bound_at)).collect()
+        Some(((_, bound_at), a)) if a.pinned.is_some() => {
+            a.pinned.into_iter().map(|pinned| (NetnsName::Id(pinned), bound_at)).collect()
         }
+        Some(((inode, _), a)) if !resolve(inode, a.netns_nsid) => Vec::new(),
+        Some(((inode, bound_at), a)) => incarnations
+            .of_binding(a, inode, a.netns_nsid, bound_at)
+            .into_iter()
+            .map(|id| (NetnsName::Id(id), bound_at))
+            .collect(),
         None => {
             let seen =
                 first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
@@ -813,7 +866,7 @@ fn cache_names_if(
 }
 
 /// Whether a binding resolved from a CNI run's (inode, nsid) may name the
-/// netns `dead` ([`NetnsId::may_be`]): [`Incarnations::at`] gives only ids
+/// netns `dead` ([`NetnsId::may_be`]): [`Incarnations::of_binding`] gives only ids
 /// whose inode is that inode or unknown and whose nsid is that nsid or
 /// unknown (any nsid, when the run's is unknown), and `may_be` needs a part
 /// both know and agree on. A false answer spares the lookup; a true one only
@@ -1219,6 +1272,7 @@ mod tests {
                         netns_nsid: *nsid,
                         netns_bound_at: bound_at.map(t),
                         pinned: pinned.map(|(i, n, f)| NetnsId::new(i, n, f.map(t))),
+                        died: None,
                         ifnames: Vec::new(),
                         operations: Vec::new(),
                         first_seen: t(0),
@@ -1308,6 +1362,7 @@ mod tests {
                     netns_nsid: nsid,
                     netns_bound_at: Some(t(bound_at)),
                     pinned: None,
+                    died: None,
                     ifnames: Vec::new(),
                     operations: Vec::new(),
                     first_seen: t(0),
@@ -1367,6 +1422,87 @@ mod tests {
         for (lookup, containers) in containers_by_each_lookup(&ledger, &death_of(Some(88), 2, 10, 20)) {
             assert_eq!(containers, vec!["own".to_owned()], "{lookup}");
         }
+    }
+
+    /// The model forgets dead netns sooner than the ledger forgets their
+    /// bindings. Once it has forgotten the netns c1's run resolved to, the
+    /// ledger's mark of that death still names it: the inode's next holder
+    /// neither keeps c1's reservation nor draws c1 into its own death's
+    /// concern, as while the model knew the dead one. Without the mark (a
+    /// death the agent never saw), the inode alone still keeps.
+    #[test]
+    fn a_binding_whose_dead_netns_the_model_forgot_still_names_that_netns() {
+        use crate::engine::{Policy, Status, verdict::Fact};
+        let mut ledger = bound(&[("c1", 77, Some(1), 10)]);
+        let died = death_of(Some(77), 1, 5, 20);
+        // The next holder: inode and nsid reused, first seen after the death.
+        let next = view(77, 1, 30, None, Some("10.0.0.9"));
+        let next_dies = crate::daemon::targeted::DeathKey { id: next.id(), paths: Vec::new(), addresses: Vec::new() };
+        let forgot = snapshot_with(next);
+        let r = reservation_of_c1(t(10));
+        let policy = Policy::default();
+        let verdict = |ledger: &Ledger, now: SystemTime| {
+            decide_one(&observations(&forgot, ledger, &[], Some(t(0)), None), &r, now, &policy)
+        };
+        let concern = |ledger: &Ledger| {
+            PassIndex::new(&forgot, ledger, &[]).death_concern(&[], std::slice::from_ref(&next_dies)).0
+        };
+        // Unmarked: the inode alone may be the live newcomer.
+        assert_eq!(verdict(&ledger, t(40)).status, Status::InUse);
+        assert!(concern(&ledger).contains("c1"));
+
+        let containers = containers_of_death(&ledger, &[], &died);
+        assert_eq!(containers, vec!["c1".to_owned()]);
+        ledger.netns_died(&containers, (died.id(), died.at), |a| binding_resolved_to(&died, a));
+        let obs = observations(&forgot, &ledger, &[], Some(t(0)), None);
+        assert_eq!(obs.bindings[0].netns, NetnsName::Id(died.id()));
+        assert!(obs.live[0].container_ids.is_empty(), "the newcomer is not c1's");
+        let held = verdict(&ledger, t(40));
+        assert_eq!(held.status, Status::Pending, "{}", held.summary());
+        assert!(held.evidence.iter().any(|e| matches!(e.fact, Fact::UnresolvedBinding { .. })), "{}", held.summary());
+        let late = t(10) + policy.orphan_grace + Duration::from_secs(1);
+        assert_eq!(verdict(&ledger, late).status, Status::Orphaned, "the grace decides");
+        assert!(!concern(&ledger).contains("c1"), "the newcomer's death is not c1's");
+    }
+
+    /// The mark names the dead netns only for a binding its own run
+    /// resolved to it: not a run of another nsid on the same inode, nor one
+    /// bound before the dead netns was first seen.
+    #[test]
+    fn a_death_marks_with_its_netns_only_the_bindings_resolved_to_it() {
+        let died = death_of(Some(77), 1, 5, 20);
+        let ledger = bound(&[("own", 77, Some(1), 10), ("other-nsid", 77, Some(2), 10), ("before", 77, Some(1), 2)]);
+        let resolved: Vec<&str> = ["own", "other-nsid", "before"]
+            .into_iter()
+            .filter(|c| ledger.get(c).is_some_and(|a| binding_resolved_to(&died, a)))
+            .collect();
+        assert_eq!(resolved, vec!["own"]);
+        // A mark that disagrees with the run's resolution is not used.
+        let mut marked = ledger.get("other-nsid").cloned().unwrap();
+        marked.died = Some(crate::ledger::BindingDeath { incarnation: Some((died.id(), died.at)) });
+        assert_eq!(dead_incarnation(&marked, 77, Some(2)), None);
+        let forgot = snapshot_with(view(90, 9, 30, None, None));
+        assert_eq!(
+            Incarnations::new(&forgot).of_binding(&marked, 77, Some(2), t(10)),
+            vec![NetnsId::new(Some(77), Some(2), None)]
+        );
+    }
+
+    /// The death path spares resolving a run bound before every death was
+    /// first seen only when what it names was first seen before them too: a
+    /// mark (however it came) naming a netns first seen later is resolved,
+    /// and may be the death.
+    #[test]
+    fn a_mark_naming_a_later_netns_is_not_spared_by_the_death_path() {
+        let late = death_of(Some(77), 1, 20, 25);
+        let mut a = bound(&[("c1", 77, Some(1), 2)]).get("c1").cloned().unwrap();
+        a.died = Some(crate::ledger::BindingDeath { incarnation: Some((late.id(), late.at)) });
+        let mut ledger = Ledger::new();
+        ledger.restore(vec![a]);
+        let forgot = snapshot_with(view(90, 9, 30, None, None));
+        let key = crate::daemon::targeted::DeathKey::from(&late);
+        let (containers, _) = PassIndex::new(&forgot, &ledger, &[]).death_concern(&[], &[key]);
+        assert!(containers.contains("c1"));
     }
 
     /// Random nodes (netns, ledger, cache, deaths) over small alphabets, so
@@ -1432,19 +1568,35 @@ mod tests {
             })
         }
 
-        /// An attachment: netns inode, nsid, bound at, pinned, path, runs.
-        type AttachmentCase =
-            (Option<u64>, Option<i32>, Option<u64>, Option<NetnsId>, Option<usize>, Vec<CniOperation>);
+        /// An attachment: netns inode, nsid, bound at, pinned, path, runs,
+        /// and the death the kernel reported for its binding (with the
+        /// incarnation, or without).
+        type AttachmentCase = (
+            Option<u64>,
+            Option<i32>,
+            Option<u64>,
+            Option<NetnsId>,
+            Option<usize>,
+            Vec<CniOperation>,
+            Option<crate::ledger::BindingDeath>,
+        );
+
+        fn an_id() -> impl Strategy<Value = NetnsId> {
+            (prop::option::of(1u64..4), prop::option::of(1i32..4), prop::option::of(0u64..30))
+                .prop_map(|(i, n, f)| NetnsId::new(i, n, f.map(t)))
+        }
 
         fn an_attachment() -> impl Strategy<Value = AttachmentCase> {
             (
                 prop::option::of(1u64..4),
                 prop::option::of(1i32..4),
                 prop::option::of(0u64..30),
-                prop::option::of((prop::option::of(1u64..4), prop::option::of(1i32..4), prop::option::of(0u64..30)))
-                    .prop_map(|p| p.map(|(i, n, f)| NetnsId::new(i, n, f.map(t)))),
+                prop::option::of(an_id()),
                 prop::option::of(0usize..3),
                 prop::collection::vec(an_op(), 0..2),
+                prop::option::of(prop::option::of((an_id(), 0u64..30))).prop_map(|died| {
+                    died.map(|d| crate::ledger::BindingDeath { incarnation: d.map(|(id, at)| (id, t(at))) })
+                }),
             )
         }
 
@@ -1455,13 +1607,14 @@ mod tests {
                 attachments
                     .iter()
                     .enumerate()
-                    .map(|(i, (inode, nsid, bound_at, pinned, path, ops))| crate::ledger::Attachment {
+                    .map(|(i, (inode, nsid, bound_at, pinned, path, ops, died))| crate::ledger::Attachment {
                         container_id: if ops.iter().any(|o| o.truncated) { "c".to_owned() } else { CIDS[i].to_owned() },
                         netns_path: path.map(|p| PATHS[p].to_owned()),
                         netns_inode: *inode,
                         netns_nsid: *nsid,
                         netns_bound_at: bound_at.map(t),
                         pinned: *pinned,
+                        died: *died,
                         ifnames: Vec::new(),
                         operations: ops.clone(),
                         first_seen: t(0),
@@ -1547,7 +1700,7 @@ mod tests {
         #[test]
         fn a_netns_bound_by_inode_alone_is_in_the_concern() {
             let views = vec![view(1, 2, 0, None, None)];
-            let ledger = ledger_of(&[(Some(1), Some(3), Some(10), None, None, Vec::new())]);
+            let ledger = ledger_of(&[(Some(1), Some(3), Some(10), None, None, Vec::new(), None)]);
             let snapshot = snapshot_of(views);
             let concern = Concern {
                 containers: ["c0".to_owned()].into_iter().collect(),
@@ -1568,17 +1721,23 @@ mod tests {
             #[test]
             fn a_spared_resolution_names_no_dead_netns(
                 views in prop::collection::vec(a_view(), 0..7),
-                (inode, nsid, at) in (1u64..4, prop::option::of(1i32..4), 0u64..30),
+                attachment in an_attachment(),
+                (inode, at) in (1u64..4, 0u64..30),
                 dead in (prop::option::of(1u64..4), prop::option::of(1i32..4)),
             ) {
                 let snapshot = snapshot_of(views);
+                let ledger = ledger_of(&[attachment]);
+                let Some(a) = ledger.attachments().next() else { unreachable!("one attachment") };
                 let dead = NetnsId::new(dead.0, dead.1, None);
-                let named = Incarnations::new(&snapshot).at(inode, nsid, t(at)).iter().any(|id| id.may_be(&dead));
-                prop_assert!(!named || resolution_may_name(inode, nsid, &dead));
+                let named = Incarnations::new(&snapshot)
+                    .of_binding(a, inode, a.netns_nsid, t(at))
+                    .iter()
+                    .any(|id| id.may_be(&dead));
+                prop_assert!(!named || resolution_may_name(inode, a.netns_nsid, &dead));
             }
 
             /// A netns's containers are matched to ledger bindings as the
-            /// decision resolves those bindings ([`Incarnations::at`]):
+            /// decision resolves those bindings ([`Incarnations::of_binding`]):
             /// every binding resolved to an incarnation names its container
             /// there, and one known by nsid alone is named by no other
             /// binding (its nsid, held at the run, is all that ties them).

@@ -320,9 +320,10 @@ impl Agent {
     pub(super) fn on_death(&mut self, death: &NetnsDeath) -> (Vec<String>, bool) {
         self.metrics.netns_destroyed();
         let containers = evidence::containers_of_death(&self.ledger, &[], death);
-        // Bounded ledger (issue 13.3, helper `model`): remembered so that
-        // housekeeping can forget these bindings after the age limit.
-        self.ledger.netns_died(&containers);
+        // Marked on the bindings (issue 13.3), so that housekeeping can
+        // forget them after the age limit, and a binding still names the
+        // netns it resolved to once the model has forgotten that netns.
+        self.ledger.netns_died(&containers, (death.id(), death.at), |a| evidence::binding_resolved_to(death, a));
         // The saved knowledge names the bindings whose netns died.
         self.memory.dirty = true;
         let runs_concerned = self.ledger.unattributed_runs().next().is_some()

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::evidence::Incarnations;
+use super::evidence::{Incarnations, dead_incarnation};
 use crate::{
     engine::observations::DeadNetns,
     identity::NetnsId,
@@ -29,7 +29,7 @@ fn incarnation(
         (Some(id), _) => incarnations.may_be(id).collect(),
         (None, Some(inode)) => {
             let at = a.netns_bound_at.unwrap_or(a.first_seen);
-            incarnations.exactly(&incarnations.at(inode, a.netns_nsid, at))
+            incarnations.exactly(&incarnations.of_binding(a, inode, a.netns_nsid, at))
         }
         (None, None) => return None,
     };
@@ -41,6 +41,10 @@ fn incarnation(
     }
     if let Some(d) = a.pinned.and_then(|id| known_dead.iter().find(|d| d.id == id)) {
         return Some((d.id, Some(d.died_at)));
+    }
+    // Seen to die, since forgotten by the model: the ledger kept which.
+    if let Some((id, died_at)) = a.netns_inode.and_then(|inode| dead_incarnation(a, inode, a.netns_nsid)) {
+        return Some((id, Some(died_at)));
     }
     // Not in the model now: what was known before (pinned), or the inode.
     a.pinned.or(a.netns_inode.map(NetnsId::inode)).map(|id| (id, None))
@@ -197,6 +201,7 @@ mod tests {
                 netns_nsid: None,
                 netns_bound_at: Some(t(1)),
                 pinned: None,
+                died: None,
                 ifnames: Vec::new(),
                 operations: Vec::new(),
                 first_seen: t(1),
@@ -223,6 +228,27 @@ mod tests {
         assert!(matches!(fate(&saved(55, 9), t(50), true, &now, &mut |_| Some(true)), Some(Fate::Unknown(_))));
         // An earlier boot: every netns of it is gone.
         assert!(matches!(fate(&saved(77, 3), t(50), false, &now, &mut *never), Some(Fate::Dead { .. })));
+    }
+
+    /// A binding whose netns the kernel said died, since forgotten by the
+    /// model, is saved with that death (so the next run shows the engine
+    /// the death), not as the bare inode its live newcomer would match.
+    #[test]
+    fn a_binding_seen_to_die_is_saved_dead_after_the_model_forgot_its_netns() {
+        let mut a = (*saved(77, 3).attachment).clone();
+        let died = NetnsId::new(Some(77), Some(3), Some(t(0)));
+        a.died = Some(crate::ledger::BindingDeath { incarnation: Some((died, t(20))) });
+        let mut ledger = Ledger::new();
+        ledger.restore(vec![a.clone()]);
+        let now = snapshot(vec![view(77, 3, 90)]);
+        let knowledge = knowledge_of(&ledger, &now, &[], "boot".into(), Vec::new(), t(100));
+        assert_eq!((knowledge.bindings[0].netns, knowledge.bindings[0].died_at), (Some(died), Some(t(20))));
+        // Without the mark: the inode alone, fate unknown until asked.
+        a.died = None;
+        let mut ledger = Ledger::new();
+        ledger.restore(vec![a]);
+        let knowledge = knowledge_of(&ledger, &now, &[], "boot".into(), Vec::new(), t(100));
+        assert_eq!(knowledge.bindings[0].died_at, None);
     }
 
     #[test]

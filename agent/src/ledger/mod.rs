@@ -109,10 +109,26 @@ pub struct Attachment {
     /// of the inode, which may have been reused since.
     #[serde(default)]
     pub pinned: Option<crate::identity::NetnsId>,
+    /// The kernel said the netns of this binding (the one above) died;
+    /// cleared when a run binds the container anew. Kept in memory only:
+    /// a restart re-learns deaths from the kernel (`daemon::restore`).
+    #[serde(skip)]
+    pub died: Option<BindingDeath>,
     pub ifnames: Vec<String>,
     pub operations: Vec<CniOperation>,
     pub first_seen: SystemTime,
     pub last_seen: SystemTime,
+}
+
+/// A death the kernel reported for an attachment's binding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BindingDeath {
+    /// The incarnation that died and when, if the binding's own run
+    /// resolved to it (not only its path, through the CNI cache): once the
+    /// model has forgotten that netns, the binding still names it rather
+    /// than every later holder of its reused inode
+    /// (`daemon::evidence::Incarnations::of_binding`).
+    pub incarnation: Option<(crate::identity::NetnsId, SystemTime)>,
 }
 
 impl Attachment {
@@ -316,10 +332,6 @@ pub struct Ledger {
     /// that named no container: unknown, so in flight for every container
     /// until their process exits. Keyed by pid; reaped with the process.
     unattributed: HashMap<u32, CniOperation>,
-    /// Containers whose bound netns the kernel said died: the binding
-    /// (inode and date) that died, so that a later binding is not taken
-    /// for dead.
-    died: HashMap<String, DeadBinding>,
 }
 
 /// A plugin process running a CNI operation.
@@ -329,14 +341,6 @@ struct Run {
     /// What its exec record's CNI_NETNS resolved to (inode and nsid), when
     /// both were, for its nested runs.
     netns: Option<(u64, i32)>,
-}
-
-/// A binding whose netns died.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct DeadBinding {
-    path: Option<String>,
-    inode: Option<u64>,
-    bound_at: Option<SystemTime>,
 }
 
 impl Ledger {
@@ -396,6 +400,7 @@ impl Ledger {
                         netns_nsid: None,
                         netns_bound_at: None,
                         pinned: None,
+                        died: None,
                         ifnames: Vec::new(),
                         operations: Vec::new(),
                         first_seen: at,
@@ -412,6 +417,7 @@ impl Ledger {
                         entry.netns_nsid = netns_nsid;
                         entry.netns_bound_at = netns_inode.map(|_| at);
                         entry.pinned = None;
+                        entry.died = None;
                     }
                     entry.netns_path = Some(path.clone());
                 }
@@ -600,14 +606,24 @@ impl Ledger {
     }
 
     /// The kernel said the netns `containers` are bound to died (the
-    /// containers a death names: `daemon::evidence::containers_of_death`).
-    /// Remembered with the binding it is about, for
-    /// [`Ledger::forget_dead_bindings`].
-    pub fn netns_died(&mut self, containers: &[String]) {
+    /// containers a death names: `daemon::evidence::containers_of_death`):
+    /// marked on their present binding, for [`Ledger::forget_dead_bindings`].
+    /// `incarnation` (the dead netns and when it died) is kept for the
+    /// bindings `resolved_to_it` says their own run resolved to it.
+    pub fn netns_died(
+        &mut self,
+        containers: &[String],
+        incarnation: (crate::identity::NetnsId, SystemTime),
+        resolved_to_it: impl Fn(&Attachment) -> bool,
+    ) {
         for c in containers {
-            if let Some(a) = self.by_container.get(c) {
-                let dead = DeadBinding { path: a.netns_path.clone(), inode: a.netns_inode, bound_at: a.netns_bound_at };
-                self.died.insert(c.clone(), dead);
+            if let Some(a) = self.by_container.get_mut(c) {
+                let ours = resolved_to_it(a).then_some(incarnation);
+                let a = Arc::make_mut(a);
+                // A death named through the cache's path alone does not
+                // replace the incarnation the run's own resolution named.
+                let earlier = a.died.and_then(|d| d.incarnation);
+                a.died = Some(BindingDeath { incarnation: ours.or(earlier) });
             }
         }
     }
@@ -619,15 +635,7 @@ impl Ledger {
     /// the pods of the last `max_age`, not of every pod ever run. Returns
     /// how many were forgotten.
     pub fn forget_dead_bindings(&mut self, now: SystemTime, max_age: std::time::Duration) -> usize {
-        let died = std::mem::take(&mut self.died);
-        let forgotten = self.forget_dead(now, max_age, |a| {
-            died.get(&a.container_id)
-                .is_some_and(|d| d.path == a.netns_path && d.inode == a.netns_inode && d.bound_at == a.netns_bound_at)
-        });
-        self.died = died;
-        let by_container = &self.by_container;
-        self.died.retain(|c, _| by_container.contains_key(c));
-        forgotten
+        self.forget_dead(now, max_age, |a| a.died.is_some())
     }
 
     /// The resolution of `path` that the run of process `parent`, in
@@ -1079,7 +1087,9 @@ mod tests {
             l.observe(&exec(pid, secs(1), "ADD", c), wall, &FixedResolver(Some(77)));
             l.observe(&exit(pid, secs(2), 0), wall, &FixedResolver(None));
         }
-        l.netns_died(&["dead".into(), "rebound".into(), "never-seen".into()]);
+        let dead = (crate::identity::NetnsId::inode(77), wall(secs(2)));
+        l.netns_died(&["dead".into(), "rebound".into(), "never-seen".into()], dead, |_| true);
+        assert_eq!(l.get("dead").and_then(|a| a.died), Some(BindingDeath { incarnation: Some(dead) }));
         // A later ADD binds "rebound" to another netns: that one is not dead.
         l.observe(&exec(13, secs(3), "ADD", "rebound"), wall, &FixedResolver(Some(78)));
         l.observe(&exit(13, secs(4), 0), wall, &FixedResolver(None));
@@ -1092,10 +1102,11 @@ mod tests {
         assert!(l.get("dead").is_none());
         assert!(l.get("alive").is_some(), "not known dead: never forgotten here");
         assert!(l.get("rebound").is_some(), "its present binding did not die");
-        assert_eq!(l.died.len(), 1, "the mark of a forgotten container goes with it");
+        assert_eq!(l.get("rebound").and_then(|a| a.died), None, "the new binding is not marked dead");
         // In flight: kept whatever its age.
         l.observe(&exec(14, secs(5), "DEL", "rebound"), wall, &FixedResolver(None));
-        l.netns_died(&["rebound".into()]);
+        l.netns_died(&["rebound".into()], dead, |_| false);
+        assert_eq!(l.get("rebound").and_then(|a| a.died), Some(BindingDeath { incarnation: None }), "named by path");
         assert_eq!(l.forget_dead_bindings(wall(secs(5)) + Duration::from_hours(10), max_age), 0);
     }
 }

@@ -160,6 +160,7 @@ mod tests {
             netns_nsid: None,
             netns_bound_at: Some(t(1)),
             pinned: None,
+            died: None,
             ifnames: vec!["eth0".into()],
             operations: Vec::new(),
             first_seen: t(1),

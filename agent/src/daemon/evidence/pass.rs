@@ -21,7 +21,8 @@ use std::{
 
 use super::{
     Concern, ContainerIndex, DISCOVERY_SLACK, FirstSeen, Incarnations, Life, binding_time, cache_names, cache_names_if,
-    cni_ops_in, distinct_names, ledger_names, ledger_names_if, may_be_named, push_netns, resolution_may_name,
+    cni_ops_in, dead_incarnation, distinct_names, ledger_names, ledger_names_if, may_be_named, push_netns,
+    resolution_may_name,
 };
 use crate::{
     daemon::targeted::DeathKey,
@@ -265,13 +266,20 @@ impl<'a> PassIndex<'a> {
         // only a netns first seen then: a run before every death was first
         // seen names one only with its own (inode, nsid), when the model
         // knows no netns that held it (under churn, nearly every run of the
-        // inode's history is such a run, and this spares resolving each).
+        // inode's history is such a run, and this spares resolving each),
+        // or with the dead incarnation the ledger kept for it, when that one
+        // was first seen before every death (`Incarnations::of_binding`).
         let earliest: Option<SystemTime> =
             deaths.iter().map(|d| d.id.first_seen).collect::<Option<Vec<_>>>().and_then(|t| t.into_iter().min());
         let resolved_elsewhere = |a: &Attachment| match (a.pinned, a.netns_inode, earliest) {
             (None, Some(inode), Some(earliest)) => {
                 let bound_at = binding_time(a);
-                bound_at + DISCOVERY_SLACK < earliest && self.incarnations.knows_holder(inode, a.netns_nsid, bound_at)
+                let named_dead_before = || {
+                    dead_incarnation(a, inode, a.netns_nsid)
+                        .is_some_and(|(id, _)| id.first_seen.is_some_and(|f| f < earliest))
+                };
+                bound_at + DISCOVERY_SLACK < earliest
+                    && (named_dead_before() || self.incarnations.knows_holder(inode, a.netns_nsid, bound_at))
             }
             _ => false,
         };
