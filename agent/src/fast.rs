@@ -8,6 +8,19 @@ use std::collections::{HashMap, HashSet};
 pub type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 pub type Set<K> = HashSet<K, foldhash::fast::RandomState>;
 
+/// Room reserved up front by [`sized_map`], at most.
+const PRESIZE_MAX: usize = 1024;
+
+/// An empty map for an index built per pass over `n` items: room for them
+/// up to [`PRESIZE_MAX`] keys. Beyond that the map grows as it fills: under
+/// pod churn thousands of items share a few keys (the kernel reuses the
+/// lowest free netns inode and nsid), and a table sized for every item was
+/// fresh pages to fault in on every death.
+#[must_use]
+pub fn sized_map<K, V>(n: usize) -> Map<K, V> {
+    Map::with_capacity_and_hasher(n.min(PRESIZE_MAX), foldhash::fast::RandomState::default())
+}
+
 /// What an index built per pass files under one key: nearly every key
 /// holds one value, kept inline (a `Vec` per key was an allocation per
 /// netns, attachment and cache entry of the node, on every death).

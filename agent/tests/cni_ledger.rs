@@ -263,8 +263,7 @@ fn forged_cni_runs_change_nothing_in_the_ledger() {
             assert_eq!(anomaly.map_err(|a| a.reason()), Err(reason), "{}", binary.display());
             assert_eq!(ledger.get(&cid).cloned(), before, "{}: the victim's record is unchanged", binary.display());
             let traces: Vec<_> = ledger
-                .snapshot()
-                .into_iter()
+                .attachments()
                 .filter(|a| {
                     a.netns_path.as_deref() == Some(other_netns.as_str()) || a.operations.iter().any(|op| op.pid == pid)
                 })

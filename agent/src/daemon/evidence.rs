@@ -8,15 +8,13 @@ use std::{
     time::SystemTime,
 };
 
-use foldhash::fast::RandomState;
-
 use crate::{
     engine::{
         Observations,
         index::path_key,
         observations::{Binding, BindingSource, CniOp, DeadNetns, LiveNetns, NetnsName, same_netns_path},
     },
-    fast::{Filed, Map},
+    fast::{Filed, Map, sized_map},
     identity::NetnsId,
     ipam::{SharedStr, cnicache::CachedAttachment},
     ledger::{Attachment, Ledger},
@@ -232,10 +230,11 @@ impl Holders {
 
 impl<'a> Incarnations<'a> {
     pub(crate) fn new(snapshot: &'a ModelSnapshot) -> Self {
-        // Sized once: built per death pass over every netns of the snapshot.
+        // Built per death pass over every netns of the snapshot: room
+        // reserved up front.
         let n = snapshot.netns.len();
-        let mut by_inode: Map<u64, Filed<usize>> = Map::with_capacity_and_hasher(n, RandomState::default());
-        let mut by_nsid: Map<i32, Filed<usize>> = Map::with_capacity_and_hasher(n, RandomState::default());
+        let mut by_inode: Map<u64, Filed<usize>> = sized_map(n);
+        let mut by_nsid: Map<i32, Filed<usize>> = sized_map(n);
         let mut nsid_only: Map<i32, Filed<usize>> = Map::default();
         for (i, v) in snapshot.netns.iter().enumerate() {
             if let Some(inode) = v.inode {
@@ -537,6 +536,10 @@ pub struct Concern {
 }
 
 impl Concern {
+    /// Up to this many containers, a concern is searched by comparing with
+    /// each (see [`Self::has_container`]).
+    const FEW: usize = 8;
+
     /// Whether a run of attachment `container_id` may concern one of the
     /// containers ([`CniOp::may_concern`]: a truncated ID is a prefix).
     fn wants_run(&self, container_id: &str, truncated: bool) -> bool {
@@ -552,8 +555,7 @@ impl Concern {
     /// with each of a few (most differ in their first bytes) costs less than
     /// hashing a 64-byte ID with SipHash.
     fn has_container(&self, container_id: &str) -> bool {
-        const FEW: usize = 8;
-        if self.containers.len() <= FEW {
+        if self.containers.len() <= Self::FEW {
             self.containers.iter().any(|c| c == container_id)
         } else {
             self.containers.contains(container_id)
@@ -575,6 +577,19 @@ impl Scope<'_> {
             Self::Concerning(c) => c.wants_run(container_id, truncated),
         }
     }
+
+    /// False only when no run of attachment `container_id` is wanted,
+    /// whole or cut short ([`Self::wants_run`] needs a container that is
+    /// it or starts with it); asked without reading the runs. A large
+    /// concern is not searched: true.
+    fn may_want_runs_of(self, container_id: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Concerning(c) => {
+                c.containers.len() > Concern::FEW || c.containers.iter().any(|x| x.starts_with(container_id))
+            }
+        }
+    }
 }
 
 /// The CNI runs of the ledger that observations for `scope` hold
@@ -587,6 +602,11 @@ impl Scope<'_> {
 pub fn cni_ops_in(ledger: &Ledger, scope: Scope<'_>) -> Vec<CniOp> {
     let mut ops = Vec::new();
     for a in ledger.attachments() {
+        if !scope.may_want_runs_of(&a.container_id) {
+            // Not one run of it is read: a death's concern wants a few of
+            // the ledger's containers, whose runs are most of its memory.
+            continue;
+        }
         // Whether a run is wanted depends only on its attachment's container
         // and on whether the run's ID was cut short: asked once each per
         // attachment, not once per run (a container runs a plugin chain).

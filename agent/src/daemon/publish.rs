@@ -49,6 +49,7 @@ const MAX_LOGGED_CNI_ANOMALIES: usize = 256;
 pub(super) struct StateDoc {
     pub probes: Vec<crate::kernel::probes::ProbeStatus>,
     pub model: Option<Arc<crate::model::snapshot::ModelSnapshot>>,
+    /// The ledger's attachments, in no order (sorted when written).
     pub attachments: Arc<Vec<Arc<crate::ledger::Attachment>>>,
     pub verdicts: Arc<Vec<Verdict>>,
     pub runtime: Option<crate::engine::RuntimeView>,
@@ -60,7 +61,7 @@ pub(super) struct StateDoc {
 /// gave them (sorted).
 #[derive(Serialize)]
 struct StateJson<'a> {
-    attachments: &'a [Arc<crate::ledger::Attachment>],
+    attachments: &'a [&'a Arc<crate::ledger::Attachment>],
     model: Option<&'a crate::model::snapshot::ModelSnapshot>,
     probes: &'a [crate::kernel::probes::ProbeStatus],
     runtime: Option<&'a crate::engine::RuntimeView>,
@@ -69,10 +70,13 @@ struct StateJson<'a> {
 
 impl StateDoc {
     fn write_json(&self, out: &mut dyn std::io::Write) -> serde_json::Result<()> {
+        // Sorted here, when someone asks, not at each change of the ledger.
+        let mut attachments: Vec<&Arc<crate::ledger::Attachment>> = self.attachments.iter().collect();
+        attachments.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
         serde_json::to_writer(
             out,
             &StateJson {
-                attachments: &self.attachments,
+                attachments: &attachments,
                 model: self.model.as_deref(),
                 probes: &self.probes,
                 runtime: self.runtime.as_ref(),
@@ -417,7 +421,8 @@ impl Agent {
         if std::mem::take(&mut self.attachments_dirty)
             && let Ok(mut s) = self.state.lock()
         {
-            s.attachments = Arc::new(self.ledger.snapshot());
+            // Shared with the ledger: a pointer per attachment.
+            s.attachments = Arc::new(self.ledger.shared_attachments().cloned().collect());
         }
     }
 }

@@ -562,15 +562,6 @@ impl Ledger {
         self.by_container.values()
     }
 
-    /// Every attachment, sorted by container ID (for display and JSON):
-    /// shared with the ledger, so it costs a pointer per attachment.
-    #[must_use]
-    pub fn snapshot(&self) -> Vec<Arc<Attachment>> {
-        let mut all: Vec<Arc<Attachment>> = self.by_container.values().cloned().collect();
-        all.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
-        all
-    }
-
     /// Adds attachments an earlier run recorded, unless this run has seen
     /// the container already. Runs recorded in flight stay in flight until
     /// their process is found gone ([`Ledger::reap_vanished`]).
@@ -1006,7 +997,7 @@ mod tests {
         let KernelEvent::CniExec { task, mut exec } = exec(10, 1, "VERSION", "") else { unreachable!() };
         exec.container_id = None;
         assert!(l.observe(&KernelEvent::CniExec { task, exec }, wall, &FixedResolver(None)).is_none());
-        assert!(l.snapshot().is_empty());
+        assert!(l.attachments().next().is_none());
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::{
         Observations,
         observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, last_name, same_netns_path},
     },
-    fast::{Filed, Map},
+    fast::{Filed, Map, sized_map},
     identity::NetnsId,
     ipam::cnicache::CachedAttachment,
     ledger::{Attachment, Ledger},
@@ -45,11 +45,6 @@ fn name_of(p: &Path) -> Option<&OsStr> {
     // Not `Path::file_name`'s parse (1.4 % of the agent's CPU in pod
     // cycles: every ledger, cache and mount path, on every death's pass).
     last_name(p)
-}
-
-/// An empty map with room for `n` keys.
-fn sized<K, V>(n: usize) -> Map<K, V> {
-    Map::with_capacity_and_hasher(n, foldhash::fast::RandomState::default())
 }
 
 /// Positions filed by [`name_of`] a path.
@@ -80,10 +75,10 @@ struct Attachments<'a> {
 
 impl<'a> Attachments<'a> {
     fn new(ledger: &'a Ledger) -> Self {
-        // Sized once: built per death pass over the whole ledger, and
-        // growing the maps step by step rehashed every entry several times.
+        // Built per death pass over the whole ledger: room reserved up
+        // front (growing step by step rehashed every entry several times).
         let n = ledger.attachments().size_hint().0;
-        let mut index = Self { by_inode: sized(n), by_nsid: sized(n), ..Self::default() };
+        let mut index = Self { by_inode: sized_map(n), by_nsid: sized_map(n), ..Self::default() };
         for a in ledger.attachments() {
             match (a.pinned, a.netns_inode, &a.netns_path) {
                 (Some(id), _, _) => {
@@ -149,9 +144,9 @@ pub(crate) struct PassIndex<'a> {
 impl<'a> PassIndex<'a> {
     #[must_use]
     pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
-        // Sized once (see `Attachments::new`).
-        let mut views_by_ip: Map<IpAddr, Filed<usize>> = sized(snapshot.netns.len());
-        let mut views_by_mount: ByName<'a> = sized(snapshot.netns.len());
+        // Room reserved up front (see `Attachments::new`).
+        let mut views_by_ip: Map<IpAddr, Filed<usize>> = sized_map(snapshot.netns.len());
+        let mut views_by_mount: ByName<'a> = sized_map(snapshot.netns.len());
         for (i, view) in snapshot.netns.iter().enumerate() {
             for a in view.global_addresses() {
                 views_by_ip.entry(a.ip).or_default().push(i);
@@ -160,8 +155,8 @@ impl<'a> PassIndex<'a> {
                 views_by_mount.entry(name_of(m)).or_default().push(i);
             }
         }
-        let mut cache_by_container: Map<&str, Filed<usize>> = sized(cache.len());
-        let mut cache_by_netns: ByName<'a> = sized(cache.len());
+        let mut cache_by_container: Map<&str, Filed<usize>> = sized_map(cache.len());
+        let mut cache_by_netns: ByName<'a> = sized_map(cache.len());
         for (i, entry) in cache.iter().enumerate() {
             cache_by_container.entry(entry.container_id.as_str()).or_default().push(i);
             if let Some(path) = entry.netns.as_deref() {
@@ -260,7 +255,7 @@ impl<'a> PassIndex<'a> {
         }
         // Attachments whose binding may name a death: by identity, by the
         // inode or nsid a run resolved, or by path alone.
-        let mut named: Vec<&Attachment> = deaths.iter().flat_map(|d| self.attachments.may_name(&d.id)).collect();
+        let named = deaths.iter().flat_map(|d| self.attachments.may_name(&d.id));
         // A run resolves to the netns that held its inode then, first seen by
         // then give or take discovery, and an identity naming a time may be
         // only a netns first seen then: a run before every death was first
@@ -283,9 +278,10 @@ impl<'a> PassIndex<'a> {
             }
             _ => false,
         };
-        for a in &named {
-            if !containers.contains(&a.container_id)
-                && !resolved_elsewhere(a)
+        // Cheapest test first: under churn most runs are spared.
+        for a in named {
+            if !resolved_elsewhere(a)
+                && !containers.contains(&a.container_id)
                 && ledger_names_if(a, &self.incarnations, resolve).0.iter().any(names_dead)
             {
                 containers.insert(a.container_id.clone());
@@ -303,12 +299,12 @@ impl<'a> PassIndex<'a> {
             }
         }
         // Cache entries name a death by path, or through their container's
-        // attachment (the run resolved the same path): those are `named`.
-        let mut entries: Vec<&CachedAttachment> =
-            deaths.iter().flat_map(|d| d.paths.iter()).flat_map(|p| self.cache_at(p)).collect();
-        named.sort_unstable_by(|a, b| a.container_id.cmp(&b.container_id));
-        named.dedup_by(|a, b| a.container_id == b.container_id);
-        entries.extend(named.iter().flat_map(|a| self.cache_of(&a.container_id)));
+        // attachment when its run resolved the same path: then they name
+        // what that attachment names (`cache_names_if` and
+        // `ledger_names_if` resolve the same run alike), and a container
+        // whose attachment names a death is in already. So only the
+        // entries at the deaths' paths can add one.
+        let entries = deaths.iter().flat_map(|d| d.paths.iter()).flat_map(|p| self.cache_at(p));
         for entry in entries {
             // Path-only names need no first-seen time: only the name is asked.
             if !containers.contains(&entry.container_id)
