@@ -313,8 +313,9 @@ impl<'a> Incarnations<'a> {
         if ids.is_empty() { vec![NetnsId::new(Some(inode), nsid, None)] } else { ids }
     }
 
-    /// What attachment `a`'s run, which resolved `inode` (and `nsid`) at
-    /// `at`, names: the incarnations the model knows held it then
+    /// What attachment `a`'s binding names (the inode and nsid its run
+    /// resolved, at [`binding_time`]): the incarnations the model knows
+    /// held it then
     /// ([`Self::known_at`]). None known: the inode alone (it then matches
     /// any holder, which keeps), except when the kernel said the
     /// incarnation this very binding resolved to died
@@ -327,12 +328,14 @@ impl<'a> Incarnations<'a> {
     /// The binding names what it named while the model knew that netns;
     /// absent from the observations now, it is unresolved (the orphan grace
     /// decides), never taken for dead on another netns's death.
-    pub(crate) fn of_binding(&self, a: &Attachment, inode: u64, nsid: Option<i32>, at: SystemTime) -> Vec<NetnsId> {
-        let ids = self.known_at(inode, nsid, at);
+    /// Nothing when the run resolved no inode.
+    pub(crate) fn of_binding(&self, a: &Attachment) -> Vec<NetnsId> {
+        let Some(inode) = a.netns_inode else { return Vec::new() };
+        let ids = self.known_at(inode, a.netns_nsid, binding_time(a));
         if !ids.is_empty() {
             return ids;
         }
-        vec![dead_incarnation(a, inode, nsid).map_or_else(|| NetnsId::new(Some(inode), nsid, None), |(id, _)| id)]
+        vec![dead_incarnation(a).map_or_else(|| NetnsId::new(Some(inode), a.netns_nsid, None), |(id, _)| id)]
     }
 
     /// The incarnations the model knows that may have held `inode` at
@@ -788,10 +791,10 @@ fn may_be_named(view: &NetnsView, names: &[NetnsName], sandbox_paths: &[PathBuf]
 
 /// The incarnation attachment `a`'s binding named when the kernel said it
 /// died, and when it died ([`crate::ledger::BindingDeath`]), if it agrees
-/// with the run's resolution (`inode`, `nsid`): what the binding names once
-/// the model has forgotten that netns ([`Incarnations::of_binding`]).
-pub(super) fn dead_incarnation(a: &Attachment, inode: u64, nsid: Option<i32>) -> Option<(NetnsId, SystemTime)> {
-    let resolved = NetnsId::new(Some(inode), nsid, None);
+/// with the run's resolution (its inode and nsid): what the binding names
+/// once the model has forgotten that netns ([`Incarnations::of_binding`]).
+pub(super) fn dead_incarnation(a: &Attachment) -> Option<(NetnsId, SystemTime)> {
+    let resolved = NetnsId::new(Some(a.netns_inode?), a.netns_nsid, None);
     a.died.and_then(|d| d.incarnation).filter(|(id, _)| a.pinned.is_none() && id.may_be(&resolved))
 }
 
@@ -829,9 +832,7 @@ fn ledger_names_if(
     let names = match (a.pinned, a.netns_inode, &a.netns_path) {
         (Some(id), _, _) => vec![NetnsName::Id(id)],
         (None, Some(inode), _) if !resolve(inode, a.netns_nsid) => Vec::new(),
-        (None, Some(inode), _) => {
-            incarnations.of_binding(a, inode, a.netns_nsid, bound_at).into_iter().map(NetnsName::Id).collect()
-        }
+        (None, Some(_), _) => incarnations.of_binding(a).into_iter().map(NetnsName::Id).collect(),
         (None, None, Some(path)) => vec![NetnsName::Path(PathBuf::from(path))],
         (None, None, None) => Vec::new(),
     };
@@ -868,15 +869,11 @@ fn cache_names_if(
         a.netns_inode.filter(|_| same_path).zip(a.netns_bound_at).map(|r| (r, a))
     });
     match resolved {
-        Some(((_, bound_at), a)) if a.pinned.is_some() => {
-            a.pinned.into_iter().map(|pinned| (NetnsName::Id(pinned), bound_at)).collect()
-        }
+        Some(((_, bound_at), &Attachment { pinned: Some(pinned), .. })) => vec![(NetnsName::Id(pinned), bound_at)],
         Some(((inode, _), a)) if !resolve(inode, a.netns_nsid) => Vec::new(),
-        Some(((inode, bound_at), a)) => incarnations
-            .of_binding(a, inode, a.netns_nsid, bound_at)
-            .into_iter()
-            .map(|id| (NetnsName::Id(id), bound_at))
-            .collect(),
+        Some(((_, bound_at), a)) => {
+            incarnations.of_binding(a).into_iter().map(|id| (NetnsName::Id(id), bound_at)).collect()
+        }
         None => {
             let seen =
                 first_seen.and_then(|f| f.get(&entry.path)).map_or(entry.written_at, |&s| s.max(entry.written_at));
@@ -1500,12 +1497,9 @@ mod tests {
         // A mark that disagrees with the run's resolution is not used.
         let mut marked = ledger.get("other-nsid").cloned().unwrap();
         marked.died = Some(crate::ledger::BindingDeath { incarnation: Some((died.id(), died.at)) });
-        assert_eq!(dead_incarnation(&marked, 77, Some(2)), None);
+        assert_eq!(dead_incarnation(&marked), None);
         let forgot = snapshot_with(view(90, 9, 30, None, None));
-        assert_eq!(
-            Incarnations::new(&forgot).of_binding(&marked, 77, Some(2), t(10)),
-            vec![NetnsId::new(Some(77), Some(2), None)]
-        );
+        assert_eq!(Incarnations::new(&forgot).of_binding(&marked), vec![NetnsId::new(Some(77), Some(2), None)]);
     }
 
     /// The death path spares resolving a run bound before every death was
@@ -1746,13 +1740,13 @@ mod tests {
                 dead in (prop::option::of(1u64..4), prop::option::of(1i32..4)),
             ) {
                 let snapshot = snapshot_of(views);
+                // The run resolved `inode` at `at`.
+                let mut attachment = attachment;
+                (attachment.0, attachment.2) = (Some(inode), Some(at));
                 let ledger = ledger_of(&[attachment]);
                 let Some(a) = ledger.attachments().next() else { unreachable!("one attachment") };
                 let dead = NetnsId::new(dead.0, dead.1, None);
-                let named = Incarnations::new(&snapshot)
-                    .of_binding(a, inode, a.netns_nsid, t(at))
-                    .iter()
-                    .any(|id| id.may_be(&dead));
+                let named = Incarnations::new(&snapshot).of_binding(a).iter().any(|id| id.may_be(&dead));
                 prop_assert!(!named || resolution_may_name(inode, a.netns_nsid, &dead));
             }
 

@@ -27,10 +27,7 @@ fn incarnation(
 ) -> Option<(NetnsId, Option<SystemTime>)> {
     let views: Vec<&NetnsView> = match (a.pinned, a.netns_inode) {
         (Some(id), _) => incarnations.may_be(id).collect(),
-        (None, Some(inode)) => {
-            let at = a.netns_bound_at.unwrap_or(a.first_seen);
-            incarnations.exactly(&incarnations.of_binding(a, inode, a.netns_nsid, at))
-        }
+        (None, Some(_)) => incarnations.exactly(&incarnations.of_binding(a)),
         (None, None) => return None,
     };
     if let Some(live) = views.iter().find(|v| v.alive) {
@@ -43,7 +40,7 @@ fn incarnation(
         return Some((d.id, Some(d.died_at)));
     }
     // Seen to die, since forgotten by the model: the ledger kept which.
-    if let Some((id, died_at)) = a.netns_inode.and_then(|inode| dead_incarnation(a, inode, a.netns_nsid)) {
+    if let Some((id, died_at)) = dead_incarnation(a) {
         return Some((id, Some(died_at)));
     }
     // Not in the model now: what was known before (pinned), or the inode.

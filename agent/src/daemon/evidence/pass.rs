@@ -269,10 +269,8 @@ impl<'a> PassIndex<'a> {
         let resolved_elsewhere = |a: &Attachment| match (a.pinned, a.netns_inode, earliest) {
             (None, Some(inode), Some(earliest)) => {
                 let bound_at = binding_time(a);
-                let named_dead_before = || {
-                    dead_incarnation(a, inode, a.netns_nsid)
-                        .is_some_and(|(id, _)| id.first_seen.is_some_and(|f| f < earliest))
-                };
+                let named_dead_before =
+                    || dead_incarnation(a).is_some_and(|(id, _)| id.first_seen.is_some_and(|f| f < earliest));
                 bound_at + DISCOVERY_SLACK < earliest
                     && (named_dead_before() || self.incarnations.knows_holder(inode, a.netns_nsid, bound_at))
             }
