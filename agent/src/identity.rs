@@ -75,6 +75,21 @@ impl std::fmt::Display for NetnsId {
     }
 }
 
+/// [`std::path::Path::file_name`], without parsing the components of a path that
+/// ends in a name after its last `/` (the usual netns path): the death
+/// path asks it of every path it files or compares. Anything else (a
+/// trailing `/`, `.` or `..`, empty) is left to the parser.
+#[must_use]
+pub fn last_name(p: &std::path::Path) -> Option<&std::ffi::OsStr> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let bytes = p.as_os_str().as_bytes();
+    let tail = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
+    if tail.is_empty() || tail == b"." || tail == b".." {
+        return p.file_name();
+    }
+    Some(std::ffi::OsStr::from_bytes(tail))
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};

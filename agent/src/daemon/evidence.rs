@@ -17,7 +17,7 @@ use crate::{
     fast::{Filed, Map, sized_map},
     identity::NetnsId,
     ipam::{SharedStr, cnicache::CachedAttachment},
-    ledger::{Attachment, Ledger},
+    ledger::{Attachment, Ledger, bindings::binding_time},
     model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
 
@@ -81,7 +81,7 @@ impl<'s> ContainerIndex<'s> {
             (None, None) => None,
         };
         let mut ids: Vec<String> = life
-            .bound_during(filed.map_or(&[][..], Vec::as_slice))
+            .bound_during(filed.map_or(&[][..], Vec::as_slice), |a| binding_time(a))
             .iter()
             .chain(&self.pinned)
             .filter(|a| life.names(a))
@@ -141,10 +141,9 @@ impl Life {
     /// during this lifetime, give or take discovery: the only runs
     /// [`Life::names`] may accept ([`Life::held_inode_at`]). Under pod churn
     /// one inode is bound by most of the ledger's runs.
-    fn bound_during<'f, 's>(&self, filed: &'f [&'s Attachment]) -> &'f [&'s Attachment] {
-        let from = filed.partition_point(|a| binding_time(a) + DISCOVERY_SLACK < self.first_seen);
-        let to =
-            self.died_at.map_or(filed.len(), |died| from + filed[from..].partition_point(|a| binding_time(a) <= died));
+    fn bound_during<'f, T>(&self, filed: &'f [T], bound_at: impl Fn(&T) -> SystemTime) -> &'f [T] {
+        let from = filed.partition_point(|a| bound_at(a) + DISCOVERY_SLACK < self.first_seen);
+        let to = self.died_at.map_or(filed.len(), |died| from + filed[from..].partition_point(|a| bound_at(a) <= died));
         &filed[from..to]
     }
 
@@ -807,12 +806,6 @@ pub fn binding_resolved_to(death: &NetnsDeath, a: &Attachment) -> bool {
     let id = death.id();
     let life = Life { id, first_seen: death.first_seen, died_at: Some(death.at) };
     a.pinned.is_none() && life.names(a) && id.may_be(&NetnsId::new(a.netns_inode, a.netns_nsid, None))
-}
-
-/// When an attachment's binding was made: the start of the run that
-/// resolved it, or when the ledger first saw the container.
-fn binding_time(a: &Attachment) -> SystemTime {
-    a.netns_bound_at.unwrap_or(a.first_seen)
 }
 
 /// The netns a ledger attachment binds its container to (the

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::{ipam::SharedStr, timefmt};
 
 pub use crate::identity::NetnsId;
+use crate::identity::last_name;
 
 /// A netns that exists now.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -214,21 +215,6 @@ pub fn same_netns_path(a: &Path, b: &Path) -> bool {
     // never changes the last component): paths of two different names,
     // the usual unequal pair, are told apart without parsing.
     last_name(a) == last_name(b) && same_netns_path_by_components(a, b)
-}
-
-/// [`Path::file_name`], without parsing the components of a path that
-/// ends in a name after its last `/` (the usual netns path): the death
-/// path asks it of every path it files or compares. Anything else (a
-/// trailing `/`, `.` or `..`, empty) is left to the parser.
-#[must_use]
-pub fn last_name(p: &Path) -> Option<&std::ffi::OsStr> {
-    use std::os::unix::ffi::OsStrExt as _;
-    let bytes = p.as_os_str().as_bytes();
-    let tail = bytes.rsplit(|&b| b == b'/').next().unwrap_or(bytes);
-    if tail.is_empty() || tail == b"." || tail == b".." {
-        return p.file_name();
-    }
-    Some(std::ffi::OsStr::from_bytes(tail))
 }
 
 fn same_netns_path_by_components(a: &Path, b: &Path) -> bool {

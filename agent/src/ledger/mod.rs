@@ -5,12 +5,16 @@
 
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
+use bindings::{BindingIndex, Filed, Slot};
+
 use serde::{Deserialize, Serialize};
 
+pub mod bindings;
 pub mod persist;
 
 pub use crate::netlink::query::Guess;
 use crate::{
+    fast::Map,
     ipam::SharedStr,
     kernel::events::{CniExit, KernelEvent},
 };
@@ -320,18 +324,37 @@ fn nsfs_inode(path: &str) -> Option<u64> {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Ledger {
-    /// Shared with the last [`Ledger::snapshot`] (`/state`): a snapshot
-    /// copies pointers, and a change copies only the attachment it changes
-    /// while a snapshot still holds it.
-    by_container: HashMap<String, Arc<Attachment>>,
+    /// Each container's attachment, by its slot.
+    by_container: Map<String, Slot>,
+    /// Shared with the last `/state` snapshot: a snapshot copies pointers,
+    /// and a change copies only the attachment it changes while a snapshot
+    /// still holds it.
+    attachments: slab::Slab<Arc<Attachment>>,
+    /// Their bindings, filed by the netns they may name.
+    bindings: BindingIndex,
     /// Running plugin processes -> their container.
     running: HashMap<u32, Run>,
     /// Runs whose environment the kernel could not read to its end and
     /// that named no container: unknown, so in flight for every container
     /// until their process exits. Keyed by pid; reaped with the process.
     unattributed: HashMap<u32, CniOperation>,
+    /// Containers kept ([`MAX_CONTAINERS`]; fewer in tests).
+    max_containers: usize,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            by_container: Map::default(),
+            attachments: slab::Slab::new(),
+            bindings: BindingIndex::default(),
+            running: HashMap::new(),
+            unattributed: HashMap::new(),
+            max_containers: MAX_CONTAINERS,
+        }
+    }
 }
 
 /// A plugin process running a CNI operation.
@@ -392,8 +415,9 @@ impl Ledger {
                     |(inode, nsid)| (Some(inode), Some(nsid)),
                 );
                 self.evict_if_full();
-                let entry = self.by_container.entry(container_id.clone()).or_insert_with(|| {
-                    Arc::new(Attachment {
+                let slot = match self.by_container.get(&container_id) {
+                    Some(&slot) => slot,
+                    None => self.insert(Attachment {
                         container_id: container_id.clone(),
                         netns_path: None,
                         netns_inode: None,
@@ -405,36 +429,18 @@ impl Ledger {
                         operations: Vec::new(),
                         first_seen: at,
                         last_seen: at,
-                    })
-                });
-                let entry = Arc::make_mut(entry);
-                entry.last_seen = at;
-                if let Some(path) = &netns_path {
-                    // A DEL after the netns is gone cannot be resolved:
-                    // keep the inode learned while it was alive.
-                    if netns_inode.is_some() || entry.netns_path.as_deref() != Some(path) {
-                        entry.netns_inode = netns_inode;
-                        entry.netns_nsid = netns_nsid;
-                        entry.netns_bound_at = netns_inode.map(|_| at);
-                        entry.pinned = None;
-                        entry.died = None;
-                    }
-                    entry.netns_path = Some(path.clone());
-                }
-                if let Some(ifname) = &ifname
-                    && !entry.ifnames.contains(ifname)
-                {
-                    entry.ifnames.push(ifname.clone());
-                }
+                    }),
+                };
+                self.bind(slot, at, netns_path.as_ref(), (netns_inode, netns_nsid), ifname.as_ref());
                 // A process exec'ing a second CNI binary (a plugin delegating
                 // to IPAM by exec, rare) finishes its first operation.
                 let run = Run { container: container_id.clone(), netns: netns_inode.zip(netns_nsid) };
                 if let Some(previous) = self.running.insert(task.tgid, run)
-                    && let Some(prev) = self.by_container.get_mut(&previous.container)
+                    && let Some(prev) = self.attachment_mut(&previous.container)
                 {
-                    finish(Arc::make_mut(prev), task.tgid, at, None, true);
+                    finish(prev, task.tgid, at, None, true);
                 }
-                let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
+                let entry = Arc::make_mut(self.attachments.get_mut(slot)?);
                 entry.operations.push(CniOperation {
                     command: SharedStr::from(&exec.command.value),
                     plugin: SharedStr::from(&exec.binary.value),
@@ -461,11 +467,52 @@ impl Ledger {
                     return None;
                 }
                 let container_id = self.running.remove(&task.tgid)?.container;
-                let entry = Arc::make_mut(self.by_container.get_mut(&container_id)?);
+                let entry = self.attachment_mut(&container_id)?;
                 finish(entry, task.tgid, wall(task.ktime_ns), Some(exit.clone()), false);
                 Some(entry)
             }
             _ => None,
+        }
+    }
+
+    /// Records a run of the attachment in `slot` at `at`, naming
+    /// `netns_path` that resolved to `resolved` (inode, nsid): it binds the
+    /// container anew, unless it names the same path and resolved nothing
+    /// (a DEL after the netns is gone keeps the inode learned while it was
+    /// alive). The binding is filed again when it changed.
+    fn bind(
+        &mut self,
+        slot: Slot,
+        at: SystemTime,
+        netns_path: Option<&String>,
+        (netns_inode, netns_nsid): (Option<u64>, Option<i32>),
+        ifname: Option<&String>,
+    ) {
+        // Only a run that names a netns may bind the container anew.
+        let filed_before = netns_path.and(self.attachments.get(slot)).map(|a| Filed::of(a));
+        let Some(entry) = self.attachments.get_mut(slot).map(Arc::make_mut) else { return };
+        entry.last_seen = at;
+        if let Some(path) = netns_path {
+            if netns_inode.is_some() || entry.netns_path.as_ref() != Some(path) {
+                entry.netns_inode = netns_inode;
+                entry.netns_nsid = netns_nsid;
+                entry.netns_bound_at = netns_inode.map(|_| at);
+                entry.pinned = None;
+                entry.died = None;
+            }
+            entry.netns_path = Some(path.clone());
+        }
+        if let Some(ifname) = ifname
+            && !entry.ifnames.contains(ifname)
+        {
+            entry.ifnames.push(ifname.clone());
+        }
+        if let Some(before) = filed_before {
+            let after = Filed::of(entry);
+            if after != before {
+                self.bindings.unfile(slot, &before);
+                self.bindings.file(slot, &after);
+            }
         }
     }
 
@@ -477,8 +524,8 @@ impl Ledger {
             self.running.iter().filter(|(pid, _)| !alive(**pid)).map(|(p, r)| (*p, r.container.clone())).collect();
         for (pid, container) in &gone {
             self.running.remove(pid);
-            if let Some(entry) = self.by_container.get_mut(container) {
-                finish(Arc::make_mut(entry), *pid, now, None, true);
+            if let Some(entry) = self.attachment_mut(container) {
+                finish(entry, *pid, now, None, true);
             }
         }
         gone.len()
@@ -498,9 +545,9 @@ impl Ledger {
     ) {
         // Ends the run this process was in, if any (see the exec path).
         if let Some(previous) = self.running.remove(&task.tgid)
-            && let Some(prev) = self.by_container.get_mut(&previous.container)
+            && let Some(prev) = self.attachment_mut(&previous.container)
         {
-            finish(Arc::make_mut(prev), task.tgid, at, None, true);
+            finish(prev, task.tgid, at, None, true);
         }
         self.unattributed.insert(
             task.tgid,
@@ -542,7 +589,7 @@ impl Ledger {
             return Some(None);
         }
         let container = &self.running.get(&pid)?.container;
-        let whole = self.by_container.get(container).is_some_and(|a| {
+        let whole = self.get(container).is_some_and(|a| {
             a.operations.iter().rev().find(|op| op.pid == pid && op.in_flight()).is_some_and(|op| !op.truncated)
         });
         Some(whole.then(|| container.clone()))
@@ -550,16 +597,55 @@ impl Ledger {
 
     #[must_use]
     pub fn get(&self, container_id: &str) -> Option<&Attachment> {
-        self.by_container.get(container_id).map(AsRef::as_ref)
+        self.by_container.get(container_id).and_then(|&slot| self.in_slot(slot))
+    }
+
+    /// The attachment in `slot` (as [`Ledger::bindings`] files it).
+    #[must_use]
+    pub fn in_slot(&self, slot: Slot) -> Option<&Attachment> {
+        self.attachments.get(slot).map(AsRef::as_ref)
+    }
+
+    /// The bindings of every attachment, by the netns they may name.
+    #[must_use]
+    pub fn bindings(&self) -> &BindingIndex {
+        &self.bindings
     }
 
     pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
-        self.by_container.values().map(AsRef::as_ref)
+        self.attachments.iter().map(|(_, a)| a.as_ref())
     }
 
     /// Every attachment, shared (a copy costs a pointer).
     pub fn shared_attachments(&self) -> impl Iterator<Item = &Arc<Attachment>> {
-        self.by_container.values()
+        self.attachments.iter().map(|(_, a)| a)
+    }
+
+    /// Adds an attachment of a container the ledger does not know, filing
+    /// its binding.
+    fn insert(&mut self, a: Attachment) -> Slot {
+        let filed = Filed::of(&a);
+        let container = a.container_id.clone();
+        let slot = self.attachments.insert(Arc::new(a));
+        self.bindings.file(slot, &filed);
+        self.by_container.insert(container, slot);
+        slot
+    }
+
+    /// Forgets a container's attachment and its binding.
+    fn remove(&mut self, container_id: &str) {
+        if let Some(slot) = self.by_container.remove(container_id)
+            && let Some(a) = self.attachments.try_remove(slot)
+        {
+            self.bindings.unfile(slot, &Filed::of(&a));
+        }
+    }
+
+    /// A container's attachment, to change anything but its binding (the
+    /// fields [`Filed`] reads): that is filed in `observe` alone.
+    fn attachment_mut(&mut self, container_id: &str) -> Option<&mut Attachment> {
+        let slot = *self.by_container.get(container_id)?;
+        self.attachments.get_mut(slot).map(Arc::make_mut)
     }
 
     /// Adds attachments an earlier run recorded, unless this run has seen
@@ -567,13 +653,13 @@ impl Ledger {
     /// their process is found gone ([`Ledger::reap_vanished`]).
     pub fn restore(&mut self, attachments: Vec<Attachment>) {
         for a in attachments {
-            if self.by_container.contains_key(&a.container_id) || self.by_container.len() >= MAX_CONTAINERS {
+            if self.by_container.contains_key(&a.container_id) || self.by_container.len() >= self.max_containers {
                 continue;
             }
             for op in a.operations.iter().filter(|op| op.in_flight()) {
                 self.running.entry(op.pid).or_insert_with(|| Run { container: a.container_id.clone(), netns: None });
             }
-            self.by_container.insert(a.container_id.clone(), Arc::new(a));
+            self.insert(a);
         }
     }
 
@@ -588,12 +674,18 @@ impl Ledger {
         max_age: std::time::Duration,
         is_dead: impl Fn(&Attachment) -> bool,
     ) -> usize {
-        let before = self.by_container.len();
-        self.by_container.retain(|_, a| {
-            let old = now.duration_since(a.last_seen).is_ok_and(|age| age > max_age);
-            !(old && !a.in_flight() && is_dead(a))
-        });
-        before - self.by_container.len()
+        let forgotten: Vec<String> = self
+            .attachments()
+            .filter(|a| {
+                let old = now.duration_since(a.last_seen).is_ok_and(|age| age > max_age);
+                old && !a.in_flight() && is_dead(a)
+            })
+            .map(|a| a.container_id.clone())
+            .collect();
+        for c in &forgotten {
+            self.remove(c);
+        }
+        forgotten.len()
     }
 
     /// The kernel said the netns `containers` are bound to died (the
@@ -608,9 +700,8 @@ impl Ledger {
         resolved_to_it: impl Fn(&Attachment) -> bool,
     ) {
         for c in containers {
-            if let Some(a) = self.by_container.get_mut(c) {
+            if let Some(a) = self.attachment_mut(c) {
                 let ours = resolved_to_it(a).then_some(incarnation);
-                let a = Arc::make_mut(a);
                 // A death named through the cache's path alone does not
                 // replace the incarnation the run's own resolution named.
                 let earlier = a.died.and_then(|d| d.incarnation);
@@ -635,24 +726,19 @@ impl Ledger {
     fn parent_resolution(&self, parent: u32, container: &str, command: &str, path: &str) -> Option<(u64, i32)> {
         let run = self.running.get(&parent)?;
         let resolved = run.netns.filter(|_| run.container == container)?;
-        let op =
-            self.by_container.get(container)?.operations.iter().rev().find(|op| op.pid == parent && op.in_flight())?;
+        let op = self.get(container)?.operations.iter().rev().find(|op| op.pid == parent && op.in_flight())?;
         (!op.truncated && op.command == command && op.netns_path.as_deref() == Some(path)).then_some(resolved)
     }
 
     fn evict_if_full(&mut self) {
-        if self.by_container.len() < MAX_CONTAINERS {
+        if self.by_container.len() < self.max_containers {
             return;
         }
         // Evict the least recently seen container that has nothing in flight.
-        let victim = self
-            .by_container
-            .values()
-            .filter(|a| !a.in_flight())
-            .min_by_key(|a| a.last_seen)
-            .map(|a| a.container_id.clone());
+        let victim =
+            self.attachments().filter(|a| !a.in_flight()).min_by_key(|a| a.last_seen).map(|a| a.container_id.clone());
         if let Some(victim) = victim {
-            self.by_container.remove(&victim);
+            self.remove(&victim);
         }
     }
 }
@@ -1099,5 +1185,126 @@ mod tests {
         l.netns_died(&["rebound".into()], dead, |_| false);
         assert_eq!(l.get("rebound").and_then(|a| a.died), Some(BindingDeath { incarnation: None }), "named by path");
         assert_eq!(l.forget_dead_bindings(wall(secs(5)) + Duration::from_hours(10), max_age), 0);
+    }
+
+    /// Answers what the test sets: the inode and nsid a path resolves to.
+    #[derive(Default)]
+    struct Settable(std::cell::Cell<(Option<u64>, Option<i32>)>);
+
+    impl NetnsResolver for Settable {
+        fn inode_of(&self, _: &str, _: Option<u32>) -> Option<u64> {
+            self.0.get().0
+        }
+
+        fn resolve(&self, _: &str, _: Option<u32>, _: Guess) -> (Option<u64>, Option<i32>) {
+            let (inode, nsid) = self.0.get();
+            (inode, inode.and(nsid))
+        }
+    }
+
+    #[derive(Debug, Clone)]
+    enum Change {
+        /// A run of container `c` (of a few) naming `path` (of a few, or
+        /// none) that resolves to `resolved`, at second `t`.
+        Exec {
+            pid: u32,
+            t: u64,
+            add: bool,
+            c: u8,
+            path: Option<u8>,
+            resolved: (Option<u64>, Option<i32>),
+        },
+        Exit {
+            pid: u32,
+            t: u64,
+        },
+        Died {
+            c: u8,
+            t: u64,
+        },
+        Forget {
+            t: u64,
+        },
+        Reap,
+        /// An attachment an earlier run saved, pinned or not.
+        Restore {
+            c: u8,
+            t: u64,
+            pinned: Option<(Option<u64>, Option<i32>)>,
+            inode: Option<u64>,
+        },
+    }
+
+    fn change() -> impl proptest::strategy::Strategy<Value = Change> {
+        use proptest::prelude::*;
+        let resolved = (proptest::option::of(1..4u64), proptest::option::of(0..3i32));
+        prop_oneof![
+            4 => (1..12u32, 0..60u64, any::<bool>(), 0..6u8, proptest::option::of(0..4u8), resolved.clone())
+                .prop_map(|(pid, t, add, c, path, resolved)| Change::Exec { pid, t, add, c, path, resolved }),
+            2 => (1..12u32, 0..60u64).prop_map(|(pid, t)| Change::Exit { pid, t }),
+            1 => (0..6u8, 0..60u64).prop_map(|(c, t)| Change::Died { c, t }),
+            1 => (0..120u64).prop_map(|t| Change::Forget { t }),
+            1 => Just(Change::Reap),
+            1 => (0..8u8, 0..60u64, proptest::option::of(resolved), proptest::option::of(1..4u64))
+                .prop_map(|(c, t, pinned, inode)| Change::Restore { c, t, pinned, inode }),
+        ]
+    }
+
+    #[test]
+    fn the_binding_index_kept_as_the_ledger_changes_is_the_one_built_from_scratch() {
+        use proptest::prelude::*;
+        let paths = ["/var/run/netns/cni-1", "/var/run/netns/cni-2", "/run/netns/cni-1", "/"];
+        let secs = |s: u64| s * 1_000_000_000;
+        proptest!(ProptestConfig::with_cases(400), |(changes in proptest::collection::vec(change(), 1..60))| {
+            let mut l = Ledger { max_containers: 4, ..Ledger::default() };
+            let resolver = Settable::default();
+            for change in changes {
+                match change {
+                    Change::Exec { pid, t, add, c, path, resolved } => {
+                        resolver.0.set(resolved);
+                        let mut event = exec(pid, secs(t), if add { "ADD" } else { "DEL" }, &format!("c{c}"));
+                        if let KernelEvent::CniExec { exec, .. } = &mut event {
+                            exec.netns = path.map(|p| v(paths[usize::from(p)]));
+                        }
+                        l.observe(&event, wall, &resolver);
+                    }
+                    Change::Exit { pid, t } => {
+                        l.observe(&exit(pid, secs(t), 0), wall, &resolver);
+                    }
+                    Change::Died { c, t } => {
+                        let dead = (crate::identity::NetnsId::inode(1), wall(secs(t)));
+                        l.netns_died(&[format!("c{c}")], dead, |a| a.netns_inode == Some(1));
+                    }
+                    Change::Forget { t } => {
+                        l.forget_dead_bindings(wall(secs(t)), Duration::from_secs(10));
+                    }
+                    Change::Reap => {
+                        l.reap_vanished(wall(secs(60)), |_| false);
+                    }
+                    Change::Restore { c, t, pinned, inode } => l.restore(vec![Attachment {
+                        container_id: format!("c{c}"),
+                        netns_path: Some(paths[0].into()),
+                        netns_inode: inode,
+                        netns_nsid: None,
+                        netns_bound_at: inode.map(|_| wall(secs(t))),
+                        pinned: pinned.map(|(inode, nsid)| crate::identity::NetnsId::new(inode, nsid, Some(wall(secs(t))))),
+                        died: None,
+                        ifnames: Vec::new(),
+                        operations: Vec::new(),
+                        first_seen: wall(secs(t)),
+                        last_seen: wall(secs(t)),
+                    }]),
+                }
+                let mut rebuilt = BindingIndex::default();
+                for (slot, a) in &l.attachments {
+                    rebuilt.file(slot, &Filed::of(a));
+                }
+                prop_assert_eq!(l.bindings(), &rebuilt);
+                prop_assert_eq!(l.by_container.len(), l.attachments.len());
+                for (slot, a) in &l.attachments {
+                    prop_assert_eq!(l.by_container.get(&a.container_id), Some(&slot));
+                }
+            }
+        });
     }
 }

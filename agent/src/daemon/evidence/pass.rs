@@ -3,7 +3,9 @@
 //! concerns, and the observations of that concern. Dead netns are kept for
 //! minutes and the ledger and cache with them, so walking them per death made
 //! a release cost in proportion to the node's history; here each question
-//! looks up the few netns, attachments and cache entries it can touch.
+//! looks up the few netns, attachments and cache entries it can touch. The
+//! ledger files its bindings itself as they change ([`Ledger::bindings`]);
+//! the snapshot and the cache are indexed here, per pass.
 //!
 //! Every lookup gives a superset of what the walk it replaces keeps (an
 //! identity matches only through a shared inode or nsid; two paths that are
@@ -28,12 +30,12 @@ use crate::{
     daemon::targeted::DeathKey,
     engine::{
         Observations,
-        observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, last_name, same_netns_path},
+        observations::{Binding, BindingSource, CniOp, DeadNetns, NetnsName, same_netns_path},
     },
     fast::{Filed, Map, sized_map},
-    identity::NetnsId,
+    identity::{NetnsId, last_name},
     ipam::cnicache::CachedAttachment,
-    ledger::{Attachment, Ledger},
+    ledger::{Attachment, Ledger, bindings::Bound},
     model::snapshot::ModelSnapshot,
 };
 
@@ -55,76 +57,6 @@ fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Filed<
     out.extend(map.get(key).into_iter().flatten().copied());
 }
 
-/// The ledger's attachments by the netns they name, as
-/// [`super::ledger_names`] and [`super::containers_walked`] read them.
-#[derive(Default)]
-struct Attachments<'a> {
-    /// Not pinned, resolved to an inode: by inode, by nsid when the run
-    /// resolved one (each list by binding time), and those without an nsid
-    /// apart.
-    by_inode: Map<u64, Filed<&'a Attachment>>,
-    by_nsid: Map<i32, Filed<&'a Attachment>>,
-    without_nsid: Vec<&'a Attachment>,
-    /// Pinned to an incarnation: by its inode and by its nsid (an identity
-    /// with neither may be no other: `NetnsId::may_be`).
-    pinned_by_inode: Map<u64, Filed<&'a Attachment>>,
-    pinned_by_nsid: Map<i32, Filed<&'a Attachment>>,
-    /// Known by path alone: by the path's last component.
-    by_path: Map<Option<&'a OsStr>, Filed<&'a Attachment>>,
-}
-
-impl<'a> Attachments<'a> {
-    fn new(ledger: &'a Ledger) -> Self {
-        // Built per death pass over the whole ledger: room reserved up
-        // front (growing step by step rehashed every entry several times).
-        let n = ledger.attachments().size_hint().0;
-        let mut index = Self { by_inode: sized_map(n), by_nsid: sized_map(n), ..Self::default() };
-        for a in ledger.attachments() {
-            match (a.pinned, a.netns_inode, &a.netns_path) {
-                (Some(id), _, _) => {
-                    if let Some(inode) = id.inode {
-                        index.pinned_by_inode.entry(inode).or_default().push(a);
-                    }
-                    if let Some(nsid) = id.nsid {
-                        index.pinned_by_nsid.entry(nsid).or_default().push(a);
-                    }
-                }
-                (None, Some(inode), _) => {
-                    index.by_inode.entry(inode).or_default().push(a);
-                    match a.netns_nsid {
-                        Some(nsid) => index.by_nsid.entry(nsid).or_default().push(a),
-                        None => index.without_nsid.push(a),
-                    }
-                }
-                (None, None, Some(path)) => index.by_path.entry(name_of(Path::new(path))).or_default().push(a),
-                (None, None, None) => {}
-            }
-        }
-        // By binding time, for `Life::bound_during`.
-        for filed in index.by_inode.values_mut().chain(index.by_nsid.values_mut()) {
-            filed.sort_unstable_by_key(|a| binding_time(a));
-        }
-        index
-    }
-
-    /// Pinned attachments whose identity may be `id`.
-    fn pinned_sharing<'s>(&'s self, id: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'s, 'a> {
-        let by_inode = id.inode.and_then(|i| self.pinned_by_inode.get(&i)).into_iter().flatten();
-        let by_nsid = id.nsid.and_then(|n| self.pinned_by_nsid.get(&n)).into_iter().flatten();
-        by_inode.chain(by_nsid).copied()
-    }
-
-    /// Attachments whose binding may name `dead`: pinned ones that may be
-    /// it, and those resolved from an (inode, nsid) that
-    /// [`resolution_may_name`] does not rule out.
-    fn may_name<'s>(&'s self, dead: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'s, 'a> {
-        let by_inode = dead.inode.and_then(|i| self.by_inode.get(&i)).into_iter().flatten();
-        let by_nsid = dead.nsid.and_then(|n| self.by_nsid.get(&n)).into_iter().flatten();
-        let without_nsid = if dead.inode.is_none() { self.without_nsid.as_slice() } else { &[] };
-        self.pinned_sharing(dead).chain(by_inode.chain(by_nsid).chain(without_nsid).copied())
-    }
-}
-
 /// See the module.
 pub(crate) struct PassIndex<'a> {
     pub(crate) incarnations: Incarnations<'a>,
@@ -132,8 +64,9 @@ pub(crate) struct PassIndex<'a> {
     views_by_ip: Map<IpAddr, Filed<usize>>,
     /// The snapshot's netns (positions) by each bind mount's last component.
     views_by_mount: ByName<'a>,
+    /// Its bindings are filed by the netns they may name as it changes
+    /// ([`Ledger::bindings`]).
     ledger: &'a Ledger,
-    attachments: Attachments<'a>,
     cache: &'a [Arc<CachedAttachment>],
     /// Cache entries (positions) by container, and by their netns path's
     /// last component.
@@ -168,11 +101,37 @@ impl<'a> PassIndex<'a> {
             views_by_ip,
             views_by_mount,
             ledger,
-            attachments: Attachments::new(ledger),
             cache,
             cache_by_container,
             cache_by_netns,
         }
+    }
+
+    /// The attachments of these filed bindings.
+    fn attachments_of<I: IntoIterator<Item = &'a Bound>>(
+        &self,
+        filed: I,
+    ) -> impl Iterator<Item = &'a Attachment> + use<'a, I> {
+        let ledger = self.ledger;
+        filed.into_iter().filter_map(move |b| ledger.in_slot(b.slot))
+    }
+
+    /// Pinned attachments whose identity may be `id`.
+    fn pinned_sharing(&self, id: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'a> {
+        self.attachments_of(self.ledger.bindings().pinned_sharing(id.inode, id.nsid))
+    }
+
+    /// Attachments whose binding may name `dead`: pinned ones that may be
+    /// it, and those resolved from an (inode, nsid) that
+    /// [`resolution_may_name`] does not rule out.
+    fn may_name(&self, dead: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'a> {
+        let index = self.ledger.bindings();
+        let by_inode = dead.inode.map_or(&[][..], |i| index.resolved_to_inode(i));
+        let by_nsid = dead.nsid.map_or(&[][..], |n| index.resolved_to_nsid(n));
+        let without_nsid = if dead.inode.is_none() { index.resolved_without_nsid() } else { &[] };
+        self.attachments_of(
+            index.pinned_sharing(dead.inode, dead.nsid).chain(by_inode).chain(by_nsid).chain(without_nsid),
+        )
     }
 
     /// Cache entries of a container.
@@ -192,15 +151,15 @@ impl<'a> PassIndex<'a> {
     /// its inode, or its nsid when that is all the model knows of it) and
     /// cache entries (by path), looked up.
     pub(super) fn containers_of(&self, life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
+        let index = self.ledger.bindings();
         let filed = match (life.id.inode, life.id.nsid) {
-            (Some(inode), _) => self.attachments.by_inode.get(&inode),
-            (None, Some(nsid)) => self.attachments.by_nsid.get(&nsid),
-            (None, None) => None,
+            (Some(inode), _) => index.resolved_to_inode(inode),
+            (None, Some(nsid)) => index.resolved_to_nsid(nsid),
+            (None, None) => &[],
         };
         let mut ids: Vec<String> = self
-            .attachments
             .pinned_sharing(&life.id)
-            .chain(life.bound_during(filed.map_or(&[][..], Filed::as_slice)).iter().copied())
+            .chain(self.attachments_of(life.bound_during(filed, |b| b.at)))
             .filter(|a| life.names(a))
             .map(|a| a.container_id.clone())
             .collect();
@@ -255,7 +214,7 @@ impl<'a> PassIndex<'a> {
         }
         // Attachments whose binding may name a death: by identity, by the
         // inode or nsid a run resolved, or by path alone.
-        let named = deaths.iter().flat_map(|d| self.attachments.may_name(&d.id));
+        let named = deaths.iter().flat_map(|d| self.may_name(&d.id));
         // A run resolves to the netns that held its inode then, first seen by
         // then give or take discovery, and an identity naming a time may be
         // only a netns first seen then: a run before every death was first
@@ -287,7 +246,7 @@ impl<'a> PassIndex<'a> {
         }
         for d in deaths {
             for p in &d.paths {
-                for a in self.attachments.by_path.get(&name_of(p)).into_iter().flatten() {
+                for a in self.attachments_of(self.ledger.bindings().at_path_named(name_of(p))) {
                     if !containers.contains(&a.container_id)
                         && ledger_names_if(a, &self.incarnations, resolve).0.iter().any(names_dead)
                     {
