@@ -56,13 +56,6 @@ impl<T> Filed<T> {
         }
     }
 
-    /// Sorts the values by `key` (not stable: equal keys in any order).
-    pub fn sort_unstable_by_key<K: Ord>(&mut self, key: impl FnMut(&T) -> K) {
-        if let Self::Many(values) = self {
-            values.sort_unstable_by_key(key);
-        }
-    }
-
     /// The values in the order they were filed.
     pub fn iter(&self) -> std::slice::Iter<'_, T> {
         self.as_slice().iter()
