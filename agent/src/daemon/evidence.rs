@@ -947,7 +947,10 @@ mod tests {
         ipam::{Reservation, ReservationData, StoreRef},
         kernel::events::{CniExec, CniExit, CniValue, KernelEvent, Task},
         ledger::NetnsResolver,
-        model::snapshot::{AddrScope, AddressView, ModelStats},
+        model::{
+            sealed::{SealedChunk, SealedViews},
+            snapshot::{AddrScope, AddressView, ModelStats},
+        },
     };
 
     fn t(s: u64) -> SystemTime {
@@ -1041,6 +1044,7 @@ mod tests {
     fn a_reused_inode_does_not_keep_a_dead_containers_reservation() {
         let ledger = ledger_with_add("/run/netns/a", 10, 11, 77);
         let snapshot = ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![view(77, 2, 30, None, None).into(), view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
             host_routes: Vec::new(),
@@ -1063,6 +1067,7 @@ mod tests {
     fn a_cache_binding_names_the_netns_the_ledger_resolved_its_path_to() {
         let ledger = ledger_with_add("/var/run/netns/a", 10, 19, 77);
         let snapshot = ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
             host_routes: Vec::new(),
@@ -1097,6 +1102,7 @@ mod tests {
         let mut only_nsid = view(1, 9, 3000, None, Some("10.0.0.2"));
         only_nsid.inode = None;
         let snapshot = ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(3600),
             netns: vec![only_nsid.into()],
             host_routes: Vec::new(),
@@ -1136,6 +1142,7 @@ mod tests {
         // one (nsid 2) was first seen at t=20.2; the ADD named inode 77 at 20.
         let ledger = ledger_with_add("/run/netns/b", 20, 21, 77);
         let snapshot = ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![view(77, 2, 20, None, None).into(), view(77, 1, 5, Some(21), None).into()],
             host_routes: Vec::new(),
@@ -1187,6 +1194,7 @@ mod tests {
         let mut gone = view(0, 1, 10, Some(12), Some("10.0.0.2"));
         gone.inode = None;
         let snapshot = ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(13),
             netns: vec![gone.into()],
             host_routes: Vec::new(),
@@ -1226,6 +1234,7 @@ mod tests {
         proptest!(ProptestConfig::with_cases(2000), |((netns, inode, nsid, at) in cases)| {
             let snapshot =
                 ModelSnapshot {
+                    sealed: SealedViews::NONE,
                     taken_at: t(40),
                     netns: netns.into_iter().map(std::sync::Arc::new).collect(),
                     host_routes: Vec::new(),
@@ -1328,6 +1337,7 @@ mod tests {
     /// A snapshot of this one netns.
     fn snapshot_with(view: NetnsView) -> ModelSnapshot {
         ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![std::sync::Arc::new(view)],
             host_routes: Vec::new(),
@@ -1688,13 +1698,18 @@ mod tests {
                 })
         }
 
+        /// The views as the model shows them: the last half sealed (as it
+        /// seals the dead), in chunks of two after a view forgotten since (a
+        /// copy of the first, which must not be found), the rest not.
         fn snapshot_of(views: Vec<NetnsView>) -> ModelSnapshot {
-            ModelSnapshot {
-                taken_at: t(40),
-                netns: views.into_iter().map(std::sync::Arc::new).collect(),
-                host_routes: Vec::new(),
-                stats: ModelStats::default(),
-            }
+            let netns: Vec<std::sync::Arc<NetnsView>> = views.into_iter().map(std::sync::Arc::new).collect();
+            let start = netns.len() / 2;
+            let forgotten = netns.first().map(|v| v.as_ref().clone());
+            let run: Vec<&NetnsView> = forgotten.iter().chain(netns[start..].iter().map(AsRef::as_ref)).collect();
+            let chunks = run.chunks(2).map(|c| std::sync::Arc::new(SealedChunk::new(c.iter().copied()))).collect();
+            let sealed = SealedViews::new(chunks, start, usize::from(forgotten.is_some())).expect("skip inside chunk");
+            assert_eq!(sealed.covered(), start..netns.len());
+            ModelSnapshot { sealed, taken_at: t(40), netns, host_routes: Vec::new(), stats: ModelStats::default() }
         }
 
         fn with_extra(mut obs: Observations, extra: &[DeadNetns]) -> Observations {

@@ -155,7 +155,7 @@ mod tests {
     use std::time::UNIX_EPOCH;
 
     use super::*;
-    use crate::model::snapshot::ModelStats;
+    use crate::model::{sealed::SealedViews, snapshot::ModelStats};
 
     fn t(s: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(1_000_000 + s)
@@ -182,6 +182,7 @@ mod tests {
 
     fn snapshot(views: Vec<NetnsView>) -> ModelSnapshot {
         ModelSnapshot {
+            sealed: SealedViews::NONE,
             taken_at: t(100),
             netns: views.into_iter().map(std::sync::Arc::new).collect(),
             host_routes: Vec::new(),

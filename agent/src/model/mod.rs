@@ -9,8 +9,11 @@
 //!   handle, the death receiver gets a [`NetnsDeath`] per death.
 //! - [`snapshot`]: what it shows ([`ModelSnapshot`]), serializable; the
 //!   input of the decision engine and of `netreap netns --json`.
+//! - [`sealed`]: the dead views, indexed once in chunks every snapshot
+//!   shares.
 //! - `worker`: the discovery thread (blocking file-system work).
 
+pub mod sealed;
 pub mod snapshot;
 pub mod state;
 pub mod watcher;

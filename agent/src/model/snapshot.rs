@@ -6,6 +6,7 @@ use std::{net::IpAddr, path::PathBuf, sync::Arc, time::SystemTime};
 
 use serde::{Serialize, Serializer};
 
+use super::sealed::SealedViews;
 use crate::{discovery::ProcessRef, ipam::SharedStr, kernel::events::NetnsVia, telemetry::clock::rfc3339};
 
 /// Inode number of a netns (`ns.inum`, an unsigned int in the kernel).
@@ -282,6 +283,8 @@ pub struct ModelSnapshot {
     /// earlier snapshots): a snapshot rebuilds only the views of netns that
     /// changed. Each is serialized with its `age_secs` at `taken_at`.
     pub netns: Vec<Arc<NetnsView>>,
+    /// Which of `netns` (the dead) are indexed once for every snapshot.
+    pub sealed: SealedViews,
     pub host_routes: Vec<HostRouteView>,
     pub stats: ModelStats,
 }

@@ -36,7 +36,7 @@ use crate::{
     identity::{NetnsId, last_name},
     ipam::cnicache::CachedAttachment,
     ledger::{Attachment, Ledger, bindings::Bound},
-    model::snapshot::ModelSnapshot,
+    model::{sealed::SealedViews, snapshot::ModelSnapshot},
 };
 
 /// The key paths are filed under: their last component. Paths that
@@ -57,13 +57,18 @@ fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Filed<
     out.extend(map.get(key).into_iter().flatten().copied());
 }
 
+/// For a snapshot whose sealed views are out of its range (none indexed).
+static NONE_SEALED: SealedViews = SealedViews::NONE;
+
 /// See the module.
 pub(crate) struct PassIndex<'a> {
     pub(crate) incarnations: Incarnations<'a>,
-    /// The snapshot's netns (positions) by each global address.
+    /// The snapshot's netns (positions) by each global address, and by
+    /// each bind mount's last component: those the model did not seal.
     views_by_ip: Map<IpAddr, Filed<usize>>,
-    /// The snapshot's netns (positions) by each bind mount's last component.
     views_by_mount: ByName<'a>,
+    /// The sealed ones, indexed by the model.
+    sealed: &'a SealedViews,
     /// Its bindings are filed by the netns they may name as it changes
     /// ([`Ledger::bindings`]).
     ledger: &'a Ledger,
@@ -78,9 +83,18 @@ impl<'a> PassIndex<'a> {
     #[must_use]
     pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
         // Room reserved up front (see `Attachments::new`).
-        let mut views_by_ip: Map<IpAddr, Filed<usize>> = sized_map(snapshot.netns.len());
-        let mut views_by_mount: ByName<'a> = sized_map(snapshot.netns.len());
+        // The dead views the model sealed are indexed already: only the
+        // others are filed here (the live ones, the latest deaths).
+        let sealed =
+            if snapshot.sealed.covered().end <= snapshot.netns.len() { &snapshot.sealed } else { &NONE_SEALED };
+        let covered = sealed.covered();
+        let unsealed = snapshot.netns.len() - covered.len();
+        let mut views_by_ip: Map<IpAddr, Filed<usize>> = sized_map(unsealed);
+        let mut views_by_mount: ByName<'a> = sized_map(unsealed);
         for (i, view) in snapshot.netns.iter().enumerate() {
+            if covered.contains(&i) {
+                continue;
+            }
             for a in view.global_addresses() {
                 views_by_ip.entry(a.ip).or_default().push(i);
             }
@@ -100,11 +114,25 @@ impl<'a> PassIndex<'a> {
             incarnations: Incarnations::new(snapshot),
             views_by_ip,
             views_by_mount,
+            sealed,
             ledger,
             cache,
             cache_by_container,
             cache_by_netns,
         }
+    }
+
+    /// Pushes the positions of the netns holding `ip`.
+    fn views_at_ip(&self, ip: IpAddr, out: &mut Vec<usize>) {
+        push_filed(out, &self.views_by_ip, &ip);
+        self.sealed.at_ip(ip, out);
+    }
+
+    /// Pushes the positions of the netns mounted at a path that may be `path`.
+    fn views_mounted_at(&self, path: &Path, out: &mut Vec<usize>) {
+        let name = name_of(path);
+        push_filed(out, &self.views_by_mount, &name);
+        self.sealed.at_mount(name, out);
     }
 
     /// The attachments of these filed bindings.
@@ -196,7 +224,7 @@ impl<'a> PassIndex<'a> {
         for d in deaths {
             found.extend(self.incarnations.sharing(&d.id));
             for p in &d.paths {
-                push_filed(&mut found, &self.views_by_mount, &name_of(p));
+                self.views_mounted_at(p, &mut found);
             }
         }
         found.sort_unstable();
@@ -331,8 +359,8 @@ impl<'a> PassIndex<'a> {
         // names, or mounted at a path their cache entries, bindings or
         // sandboxes name.
         let mut found: Vec<usize> = Vec::new();
-        for ip in &concern.ips {
-            push_filed(&mut found, &self.views_by_ip, ip);
+        for &ip in &concern.ips {
+            self.views_at_ip(ip, &mut found);
         }
         for a in &attachments {
             match (a.pinned, a.netns_inode) {
@@ -353,7 +381,7 @@ impl<'a> PassIndex<'a> {
             NetnsName::Id(_) => None,
         });
         for p in mounts.chain(named_paths).chain(concern.sandbox_paths.iter().map(PathBuf::as_path)) {
-            push_filed(&mut found, &self.views_by_mount, &name_of(p));
+            self.views_mounted_at(p, &mut found);
         }
         for name in &names {
             if let NetnsName::Id(id) = name {

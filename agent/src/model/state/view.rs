@@ -11,9 +11,12 @@ use std::{
 };
 
 use super::{
-    super::snapshot::{
-        AddrScope, AddressView, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot, ModelStats,
-        NetnsView, PeerNetns,
+    super::{
+        sealed::{CHUNK, SealedChunk, SealedViews},
+        snapshot::{
+            AddrScope, AddressView, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot, ModelStats,
+            NetnsView, PeerNetns,
+        },
     },
     age,
     records::{LinkNetns, Netns, NetnsKey, RecordId, RouteKey},
@@ -237,8 +240,9 @@ pub(super) fn fresh_snapshot(
             .into_iter()
             .map(|(id, r)| Arc::new(view(registry, &resolver, NetnsKey::Record(id), r).0)),
     );
+    let sealed = dead.sealed(netns.len());
     netns.extend(dead.views.iter().cloned());
-    ModelSnapshot { taken_at: now, netns, host_routes: host_routes(registry, &resolver), stats }
+    ModelSnapshot { taken_at: now, netns, sealed, host_routes: host_routes(registry, &resolver), stats }
 }
 
 /// What changed in the registry since the views were last brought up to
@@ -427,15 +431,26 @@ impl Views {
                 .into_iter()
                 .filter_map(|(id, _)| self.built.get(&NetnsKey::Record(id)).map(|b| Arc::clone(&b.view))),
         );
+        let sealed = dead.sealed(netns.len());
         netns.extend(dead.views.iter().cloned());
-        ModelSnapshot { taken_at: now, netns, host_routes: self.host_routes.clone(), stats }
+        ModelSnapshot { taken_at: now, netns, sealed, host_routes: self.host_routes.clone(), stats }
     }
 }
 
-/// Views of the netns that died recently, oldest death first.
+/// Views of the netns that died recently, oldest death first. They no
+/// longer change: each run of [`CHUNK`] is indexed once, when it is complete
+/// ([`SealedChunk`]), and shared by every snapshot after.
 #[derive(Debug)]
 pub(super) struct DeadViews {
     views: VecDeque<Arc<NetnsView>>,
+    /// The sealed runs, oldest first: they cover `views` from its front,
+    /// less the first `skip` views of the first one (forgotten since).
+    sealed: VecDeque<Arc<SealedChunk>>,
+    skip: usize,
+    /// Views at the back not sealed yet.
+    open: usize,
+    /// Views per chunk ([`CHUNK`]; smaller in tests).
+    chunk: usize,
     /// How long one is kept.
     retention: Duration,
     /// At most this many are kept.
@@ -444,13 +459,19 @@ pub(super) struct DeadViews {
 
 impl DeadViews {
     pub(super) fn new(retention: Duration, max: usize) -> Self {
-        Self { views: VecDeque::new(), retention, max }
+        Self { views: VecDeque::new(), sealed: VecDeque::new(), skip: 0, open: 0, chunk: CHUNK, retention, max }
     }
 
     pub(super) fn push(&mut self, view: NetnsView) {
         self.views.push_back(Arc::new(view));
+        self.open += 1;
+        if self.open >= self.chunk {
+            let run = self.views.range(self.views.len() - self.open..).map(Arc::as_ref);
+            self.sealed.push_back(Arc::new(SealedChunk::new(run)));
+            self.open = 0;
+        }
         if self.views.len() > self.max {
-            self.views.pop_front();
+            self.pop_oldest();
         }
     }
 
@@ -459,7 +480,110 @@ impl DeadViews {
         while self.views.len() > self.max
             || self.views.front().and_then(|d| d.died_at).is_some_and(|t| age(now, t) > self.retention)
         {
-            self.views.pop_front();
+            self.pop_oldest();
         }
+    }
+
+    fn pop_oldest(&mut self) {
+        if self.views.pop_front().is_none() {
+            return;
+        }
+        // The oldest view is the first sealed chunk's while there is one.
+        match self.sealed.front() {
+            Some(first) => {
+                self.skip += 1;
+                if self.skip >= first.len() {
+                    self.sealed.pop_front();
+                    self.skip = 0;
+                }
+            }
+            None => self.open = self.open.saturating_sub(1),
+        }
+    }
+
+    /// Where the sealed views sit in a snapshot whose dead views start at
+    /// position `start`.
+    fn sealed(&self, start: usize) -> SealedViews {
+        SealedViews::new(self.sealed.iter().cloned().collect(), start, self.skip).unwrap_or_else(|| {
+            // Not reachable: `skip` is reset as the first chunk empties.
+            tracing::warn!(skip = self.skip, "dead views: the sealed chunks are out of step; none indexed");
+            SealedViews::NONE
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::Ipv4Addr, path::PathBuf, time::UNIX_EPOCH};
+
+    use super::*;
+
+    fn dead(i: u8, died: u64) -> NetnsView {
+        let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, i % 4));
+        NetnsView {
+            inode: Some(u32::from(i)),
+            nsid: None,
+            host: false,
+            alive: false,
+            first_seen: UNIX_EPOCH,
+            died_at: Some(UNIX_EPOCH + Duration::from_secs(died)),
+            death_source: Some(DeathSource::RtmDelnsid),
+            creator: None,
+            bind_mounts: vec![PathBuf::from(format!("/run/netns/n{}", i % 3))],
+            process_count: 0,
+            processes: Vec::new(),
+            interfaces: Vec::new(),
+            addresses: vec![AddressView { ip, prefix_len: 24, ifindex: 2, ifname: None, scope: AddrScope::Global }],
+            host_routes: Vec::new(),
+        }
+    }
+
+    /// Deaths pushed, forgotten by age and by the limit: the sealed chunks
+    /// cover the kept views in order from the front, and find in them what
+    /// a walk of those views finds.
+    #[test]
+    fn sealed_chunks_follow_the_dead_views_as_they_come_and_go() {
+        use proptest::prelude::*;
+        // (push: true / forget at a time: false, died or forget time).
+        let ops = proptest::collection::vec((any::<bool>(), 0_u64..60), 0..80);
+        proptest!(ProptestConfig::with_cases(300), |(ops in ops, chunk in 1_usize..5, max in 1_usize..12)| {
+            let mut views = DeadViews::new(Duration::from_secs(20), max);
+            views.chunk = chunk;
+            let mut clock = 0;
+            for (i, (push, at)) in ops.into_iter().enumerate() {
+                clock = clock.max(at);
+                if push {
+                    views.push(dead(u8::try_from(i).unwrap_or(0), clock));
+                } else {
+                    views.forget_old(UNIX_EPOCH + Duration::from_secs(clock));
+                }
+                let live = 3;
+                let sealed = views.sealed(live);
+                prop_assert!(views.views.len() <= max);
+                prop_assert_eq!(sealed.covered(), live..live + views.views.len() - views.open);
+                let netns: Vec<&NetnsView> = views.views.iter().map(Arc::as_ref).collect();
+                for ip in (0..4).map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i))) {
+                    let mut found = Vec::new();
+                    sealed.at_ip(ip, &mut found);
+                    found.sort_unstable();
+                    let walked: Vec<usize> = sealed
+                        .covered()
+                        .filter(|&p| netns[p - live].addresses.iter().any(|a| a.ip == ip))
+                        .collect();
+                    prop_assert_eq!(found, walked);
+                }
+                for n in 0..3 {
+                    let name = format!("n{n}");
+                    let mut found = Vec::new();
+                    sealed.at_mount(Some(std::ffi::OsStr::new(&name)), &mut found);
+                    found.sort_unstable();
+                    let walked: Vec<usize> = sealed
+                        .covered()
+                        .filter(|&p| netns[p - live].bind_mounts[0].ends_with(&name))
+                        .collect();
+                    prop_assert_eq!(found, walked);
+                }
+            }
+        });
     }
 }
