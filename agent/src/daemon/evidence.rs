@@ -17,7 +17,10 @@ use crate::{
     fast::{Filed, Map, sized_map},
     identity::NetnsId,
     ipam::{SharedStr, cnicache::CachedAttachment},
-    ledger::{Attachment, Ledger, bindings::binding_time},
+    ledger::{
+        Attachment, Ledger,
+        bindings::{Slot, binding_time},
+    },
     model::snapshot::{ModelSnapshot, NetnsDeath, NetnsView},
 };
 
@@ -579,18 +582,24 @@ impl Scope<'_> {
             Self::Concerning(c) => c.wants_run(container_id, truncated),
         }
     }
+}
 
-    /// False only when no run of attachment `container_id` is wanted,
-    /// whole or cut short ([`Self::wants_run`] needs a container that is
-    /// it or starts with it); asked without reading the runs. A large
-    /// concern is not searched: true.
-    fn may_want_runs_of(self, container_id: &str) -> bool {
-        match self {
-            Self::All => true,
-            Self::Concerning(c) => {
-                c.containers.len() > Concern::FEW || c.containers.iter().any(|x| x.starts_with(container_id))
-            }
+/// The attachments `scope` may want a run of (a container of it is their ID
+/// or starts with it: [`Concern::wants_run`]),
+/// in the ledger's order. A death's concern names a few containers: their
+/// attachments, and those filed under a prefix of one (a run whose ID was
+/// cut short), are looked up rather than the ledger walked (under churn it
+/// holds thousands, whose runs are most of its memory).
+fn runs_wanted_of<'l>(ledger: &'l Ledger, scope: Scope<'_>) -> Box<dyn Iterator<Item = &'l Attachment> + 'l> {
+    match scope {
+        Scope::Concerning(c) if c.containers.len() <= Concern::FEW => {
+            let mut slots: Vec<Slot> = c.containers.iter().flat_map(|x| ledger.slots_prefixing(x)).collect();
+            slots.sort_unstable();
+            slots.dedup();
+            Box::new(slots.into_iter().filter_map(|slot| ledger.in_slot(slot)))
         }
+        // Every container, or more than a few: each attachment may be wanted.
+        _ => Box::new(ledger.attachments()),
     }
 }
 
@@ -603,12 +612,7 @@ impl Scope<'_> {
 #[must_use]
 pub fn cni_ops_in(ledger: &Ledger, scope: Scope<'_>) -> Vec<CniOp> {
     let mut ops = Vec::new();
-    for a in ledger.attachments() {
-        if !scope.may_want_runs_of(&a.container_id) {
-            // Not one run of it is read: a death's concern wants a few of
-            // the ledger's containers, whose runs are most of its memory.
-            continue;
-        }
+    for a in runs_wanted_of(ledger, scope) {
         // Whether a run is wanted depends only on its attachment's container
         // and on whether the run's ID was cut short: asked once each per
         // attachment, not once per run (a container runs a plugin chain).

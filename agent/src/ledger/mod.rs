@@ -600,6 +600,20 @@ impl Ledger {
         self.by_container.get(container_id).and_then(|&slot| self.in_slot(slot))
     }
 
+    /// The slots of the attachments whose container ID is `container_id`
+    /// or a prefix of it (a run whose ID was cut short is filed under what
+    /// the kernel read), each once, in the order [`Ledger::attachments`]
+    /// gives them.
+    #[must_use]
+    pub fn slots_prefixing(&self, container_id: &str) -> Vec<Slot> {
+        let ends = container_id.char_indices().map(|(i, _)| i).chain([container_id.len()]);
+        let mut slots: Vec<Slot> =
+            ends.filter_map(|end| self.by_container.get(&container_id[..end]).copied()).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    }
+
     /// The attachment in `slot` (as [`Ledger::bindings`] files it).
     #[must_use]
     pub fn in_slot(&self, slot: Slot) -> Option<&Attachment> {
@@ -799,6 +813,33 @@ mod tests {
 
     fn exit(pid: u32, t: u64, code: u32) -> KernelEvent {
         KernelEvent::CniExit { task: task(pid, t), exit: CniExit::from_wait_status(code << 8) }
+    }
+
+    /// The attachments a run of a container may be filed under: its own
+    /// ID, and each prefix of it (a run whose ID was cut short), cut at
+    /// character boundaries only. (A run naming no ID is not filed.)
+    #[test]
+    fn slots_prefixing_an_id_are_those_of_its_prefixes() {
+        let mut l = Ledger::new();
+        let ids = ["", "a", "ab", "abc", "é", "éa", "b"];
+        for (pid, id) in (1..).zip(ids) {
+            l.observe(&exec(pid, u64::from(pid), "ADD", id), wall, &FixedResolver(None));
+        }
+        let named = |container: &str| -> Vec<&str> {
+            l.slots_prefixing(container)
+                .into_iter()
+                .filter_map(|s| l.in_slot(s))
+                .map(|a| a.container_id.as_str())
+                .collect()
+        };
+        assert_eq!(named("abc"), ["a", "ab", "abc"]);
+        assert_eq!(named("ab"), ["a", "ab"]);
+        assert_eq!(named("éab"), ["é", "éa"]);
+        assert!(named("x").is_empty());
+        // In the order the ledger walks its attachments.
+        let walked: Vec<&str> =
+            l.attachments().map(|a| a.container_id.as_str()).filter(|id| "abcd".starts_with(id)).collect();
+        assert_eq!(named("abcd"), walked);
     }
 
     #[test]
