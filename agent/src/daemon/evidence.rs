@@ -585,11 +585,11 @@ impl Scope<'_> {
 }
 
 /// The attachments `scope` may want a run of (a container of it is their ID
-/// or starts with it: [`Concern::wants_run`]),
-/// in the ledger's order. A death's concern names a few containers: their
-/// attachments, and those filed under a prefix of one (a run whose ID was
-/// cut short), are looked up rather than the ledger walked (under churn it
-/// holds thousands, whose runs are most of its memory).
+/// or starts with it: [`Concern::wants_run`]), in the ledger's order. A
+/// death's concern names a few containers: their attachments, and those
+/// filed under a prefix of one (a run whose ID was cut short), are looked up
+/// rather than the ledger walked (under churn it holds thousands, whose runs
+/// are most of its memory).
 fn runs_wanted_of<'l>(ledger: &'l Ledger, scope: Scope<'_>) -> Box<dyn Iterator<Item = &'l Attachment> + 'l> {
     match scope {
         Scope::Concerning(c) if c.containers.len() <= Concern::FEW => {

@@ -82,9 +82,9 @@ pub(crate) struct PassIndex<'a> {
 impl<'a> PassIndex<'a> {
     #[must_use]
     pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
-        // Room reserved up front (see `Attachments::new`).
         // The dead views the model sealed are indexed already: only the
-        // others are filed here (the live ones, the latest deaths).
+        // others are filed here (the live ones, the latest deaths), in maps
+        // with room for them reserved up front (`fast::sized_map`).
         let sealed =
             if snapshot.sealed.covered().end <= snapshot.netns.len() { &snapshot.sealed } else { &NONE_SEALED };
         let covered = sealed.covered();
