@@ -602,16 +602,11 @@ impl Ledger {
 
     /// The slots of the attachments whose container ID is `container_id`
     /// or a prefix of it (a run whose ID was cut short is filed under what
-    /// the kernel read), each once, in the order [`Ledger::attachments`]
-    /// gives them.
-    #[must_use]
-    pub fn slots_prefixing(&self, container_id: &str) -> Vec<Slot> {
+    /// the kernel read), each once (one ID, one slot), shortest ID first.
+    /// Sorted, slots are the order [`Ledger::attachments`] walks.
+    pub fn slots_prefixing<'l>(&'l self, container_id: &'l str) -> impl Iterator<Item = Slot> + 'l {
         let ends = container_id.char_indices().map(|(i, _)| i).chain([container_id.len()]);
-        let mut slots: Vec<Slot> =
-            ends.filter_map(|end| self.by_container.get(&container_id[..end]).copied()).collect();
-        slots.sort_unstable();
-        slots.dedup();
-        slots
+        ends.filter_map(|end| self.by_container.get(&container_id[..end]).copied())
     }
 
     /// The attachment in `slot` (as [`Ledger::bindings`] files it).
@@ -826,11 +821,9 @@ mod tests {
             l.observe(&exec(pid, u64::from(pid), "ADD", id), wall, &FixedResolver(None));
         }
         let named = |container: &str| -> Vec<&str> {
-            l.slots_prefixing(container)
-                .into_iter()
-                .filter_map(|s| l.in_slot(s))
-                .map(|a| a.container_id.as_str())
-                .collect()
+            let mut slots: Vec<Slot> = l.slots_prefixing(container).collect();
+            slots.sort_unstable();
+            slots.into_iter().filter_map(|s| l.in_slot(s)).map(|a| a.container_id.as_str()).collect()
         };
         assert_eq!(named("abc"), ["a", "ab", "abc"]);
         assert_eq!(named("ab"), ["a", "ab"]);

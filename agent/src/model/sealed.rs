@@ -64,34 +64,38 @@ impl SealedChunk {
     }
 }
 
-/// Which views of a snapshot's `netns` sealed chunks index: `covered`
-/// consecutive positions from `start`, the chunks' views in order after the
-/// first `skip` of the first chunk (forgotten since it was sealed).
+/// How many views these chunks hold, less the first `skip` (at most the
+/// first chunk's length).
+pub fn covered_by<'c>(chunks: impl IntoIterator<Item = &'c Arc<SealedChunk>>, skip: usize) -> usize {
+    chunks.into_iter().map(|c| c.len()).sum::<usize>().saturating_sub(skip)
+}
+
+/// Which views of a snapshot's `netns` sealed chunks index: consecutive
+/// positions from `start`, the chunks' views in order after the first
+/// `skip` of the first chunk (forgotten since it was sealed).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SealedViews {
     chunks: Vec<Arc<SealedChunk>>,
     start: usize,
     skip: usize,
-    covered: usize,
 }
 
 impl SealedViews {
     /// None indexed (every view is filed by the pass that reads it).
-    pub const NONE: Self = Self { chunks: Vec::new(), start: 0, skip: 0, covered: 0 };
+    pub const NONE: Self = Self { chunks: Vec::new(), start: 0, skip: 0 };
 
     /// These chunks' views from position `start` on, less the first `skip`.
     /// `None` when `skip` is not inside the first chunk.
     #[must_use]
     pub fn new(chunks: Vec<Arc<SealedChunk>>, start: usize, skip: usize) -> Option<Self> {
-        let total: usize = chunks.iter().map(|c| c.len()).sum();
         let first = chunks.first().map_or(0, |c| c.len());
-        (skip == 0 || skip < first).then(|| Self { covered: total - skip, chunks, start, skip })
+        (skip == 0 || skip < first).then_some(Self { chunks, start, skip })
     }
 
     /// The positions the chunks index.
     #[must_use]
     pub fn covered(&self) -> Range<usize> {
-        self.start..self.start + self.covered
+        self.start..self.start + covered_by(&self.chunks, self.skip)
     }
 
     /// Pushes the positions of the covered views holding `ip`.

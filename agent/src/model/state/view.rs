@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     super::{
-        sealed::{CHUNK, SealedChunk, SealedViews},
+        sealed::{CHUNK, SealedChunk, SealedViews, covered_by},
         snapshot::{
             AddrScope, AddressView, DeathSource, HostRouteView, InterfaceView, LinkRef, ModelSnapshot, ModelStats,
             NetnsView, PeerNetns,
@@ -444,11 +444,10 @@ impl Views {
 pub(super) struct DeadViews {
     views: VecDeque<Arc<NetnsView>>,
     /// The sealed runs, oldest first: they cover `views` from its front,
-    /// less the first `skip` views of the first one (forgotten since).
+    /// less the first `skip` views of the first one (forgotten since); the
+    /// views after them are not sealed yet.
     sealed: VecDeque<Arc<SealedChunk>>,
     skip: usize,
-    /// Views at the back not sealed yet.
-    open: usize,
     /// Views per chunk ([`CHUNK`]; smaller in tests).
     chunk: usize,
     /// How long one is kept.
@@ -459,16 +458,15 @@ pub(super) struct DeadViews {
 
 impl DeadViews {
     pub(super) fn new(retention: Duration, max: usize) -> Self {
-        Self { views: VecDeque::new(), sealed: VecDeque::new(), skip: 0, open: 0, chunk: CHUNK, retention, max }
+        Self { views: VecDeque::new(), sealed: VecDeque::new(), skip: 0, chunk: CHUNK, retention, max }
     }
 
     pub(super) fn push(&mut self, view: NetnsView) {
         self.views.push_back(Arc::new(view));
-        self.open += 1;
-        if self.open >= self.chunk {
-            let run = self.views.range(self.views.len() - self.open..).map(Arc::as_ref);
+        let open = self.views.len() - covered_by(&self.sealed, self.skip);
+        if open >= self.chunk {
+            let run = self.views.range(self.views.len() - open..).map(Arc::as_ref);
             self.sealed.push_back(Arc::new(SealedChunk::new(run)));
-            self.open = 0;
         }
         if self.views.len() > self.max {
             self.pop_oldest();
@@ -489,15 +487,12 @@ impl DeadViews {
             return;
         }
         // The oldest view is the first sealed chunk's while there is one.
-        match self.sealed.front() {
-            Some(first) => {
-                self.skip += 1;
-                if self.skip >= first.len() {
-                    self.sealed.pop_front();
-                    self.skip = 0;
-                }
+        if let Some(first) = self.sealed.front() {
+            self.skip += 1;
+            if self.skip >= first.len() {
+                self.sealed.pop_front();
+                self.skip = 0;
             }
-            None => self.open = self.open.saturating_sub(1),
         }
     }
 
@@ -560,7 +555,10 @@ mod tests {
                 let live = 3;
                 let sealed = views.sealed(live);
                 prop_assert!(views.views.len() <= max);
-                prop_assert_eq!(sealed.covered(), live..live + views.views.len() - views.open);
+                // Sealed from the front, less than a chunk left open.
+                prop_assert_eq!(sealed.covered().start, live);
+                prop_assert!(sealed.covered().end <= live + views.views.len());
+                prop_assert!(live + views.views.len() - sealed.covered().end < chunk);
                 let netns: Vec<&NetnsView> = views.views.iter().map(Arc::as_ref).collect();
                 for ip in (0..4).map(|i| IpAddr::V4(Ipv4Addr::new(10, 0, 0, i))) {
                     let mut found = Vec::new();
