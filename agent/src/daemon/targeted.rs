@@ -215,9 +215,8 @@ const SCAN_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
 /// containers: a CNI run of it (or of a container the kernel could not name)
 /// that may reserve (an ADD, or a command not known to be another) was in
 /// flight at or after the moment that pass began (host-local writes during
-/// the run). A release batch with more than one orphan reads which IPs an
-/// attachment still holds from its verdicts, so such a batch needs the
-/// whole store. A pod's DEL, which runs just before its netns goes, writes
+/// the run). A release batch reads which IPs an attachment still holds
+/// from its verdicts, so the batch needs the whole store. A pod's DEL, which runs just before its netns goes, writes
 /// no reservation: it does not send its death to a full pass. `runs`: the
 /// observations' runs ([`crate::engine::Observations::cni_ops`], or
 /// [`evidence::cni_ops_in`] alone).

@@ -147,7 +147,7 @@ impl Releaser {
             });
         }
         let verdicts = std::slice::from_ref(verdict);
-        let started = self.begin(verdicts, &[0])?;
+        let started = self.begin(verdicts, &[0], false)?;
         let mut records = self.finish(started, verdicts)?;
         Ok(records.pop().unwrap_or_else(|| ReleaseRecord {
             intent_id: None,
@@ -159,15 +159,17 @@ impl Releaser {
     }
 
     /// Releases every orphaned verdict; the others are skipped silently.
-    /// `verdicts` is a whole scan: which other IPs an attachment still
-    /// holds (to keep its cache entry) is read from the scan instead of the
-    /// disk. Crash-safe like single releases (every intent is durable
+    /// `verdicts` were judged together and hold every reservation of each
+    /// orphan's container (a whole scan, or a death pass's candidates, which
+    /// take in their containers' other reservations): which other IPs an
+    /// attachment still holds (to keep its cache entry) is read from them
+    /// instead of the disk, so a release reads no other file of its network. Crash-safe like single releases (every intent is durable
     /// before the first store change, every unlink before its outcome),
     /// with three fsyncs per batch instead of three per release. Each
     /// network's lock is taken once for its group of files, with one last
     /// look under it (`hostlocal::release_group`).
     pub fn release_orphaned(&mut self, verdicts: &[Verdict]) -> Result<Vec<ReleaseRecord>, ReleaseError> {
-        let started = self.begin(verdicts, &orphans_of(verdicts))?;
+        let started = self.begin(verdicts, &orphans_of(verdicts), true)?;
         self.finish(started, verdicts)
     }
 
@@ -178,7 +180,7 @@ impl Releaser {
     /// intents, so their fsync does not wait for the release thread to be
     /// woken and scheduled).
     pub fn begin_orphaned(&mut self, verdicts: Vec<Verdict>) -> Result<Begun, ReleaseError> {
-        let started = self.begin(&verdicts, &orphans_of(&verdicts))?;
+        let started = self.begin(&verdicts, &orphans_of(&verdicts), true)?;
         Ok(Begun { verdicts, started, acted: None })
     }
 
@@ -227,10 +229,16 @@ impl Releaser {
 
     /// Refuses the orphans (indices into `verdicts`) outside the configured
     /// dirs, writes the intents of the rest and starts their fsync beside
-    /// ([`Durable`]: no store changes before it is done). More than one
-    /// orphan: `verdicts` is a whole scan, to know an attachment's other
-    /// IPs; one alone reads them from the store.
-    fn begin(&mut self, verdicts: &[Verdict], orphans: &[usize]) -> Result<Started, ReleaseError> {
+    /// ([`Durable`]: no store changes before it is done). `judged_together`:
+    /// `verdicts` hold every reservation of each orphan's container (see
+    /// [`Self::release_orphaned`]), so an attachment's other IPs are read
+    /// from them; otherwise (one verdict alone) from the store.
+    fn begin(
+        &mut self,
+        verdicts: &[Verdict],
+        orphans: &[usize],
+        judged_together: bool,
+    ) -> Result<Started, ReleaseError> {
         let begun = std::time::Instant::now();
         let dry_run = self.config.dry_run;
         let mut refused = Vec::new();
@@ -248,9 +256,8 @@ impl Releaser {
                 }),
             }
         }
-        let whole = orphans.len() > 1;
         if accepted.is_empty() {
-            return Ok(Started { refused, accepted, whole, journaled: None });
+            return Ok(Started { refused, accepted, judged_together, journaled: None });
         }
         let chosen: Vec<&Verdict> = accepted.iter().map(|(i, _)| &verdicts[*i]).collect();
         let (intents, unsynced) = self.journal.write_intents(&chosen, dry_run)?;
@@ -263,7 +270,7 @@ impl Releaser {
         // `durable`): every store change waits for the fsync.
         let durable = Arc::new(Durable::pending_since(begun));
         let syncing = durable::sync_beside(&durable, unsynced);
-        Ok(Started { refused, accepted, whole, journaled: Some((intents, durable, syncing)) })
+        Ok(Started { refused, accepted, judged_together, journaled: Some((intents, durable, syncing)) })
     }
 
     /// Acts on a begun batch network by network, once every store change
@@ -280,13 +287,13 @@ impl Releaser {
         verdicts: &[Verdict],
         acted: Option<(hostlocal::Underway, u64)>,
     ) -> Result<Vec<ReleaseRecord>, ReleaseError> {
-        let Started { refused: mut records, accepted, whole, journaled } = started;
+        let Started { refused: mut records, accepted, judged_together, journaled } = started;
         let Some((intents, durable, syncing)) = journaled else { return Ok(records) };
         let dry_run = self.config.dry_run;
-        let scan = whole.then_some(verdicts);
+        let judged = judged_together.then_some(verdicts);
         let accepted: Vec<(&Verdict, hostlocal::ReservationFile)> =
             accepted.into_iter().filter_map(|(i, file)| Some((verdicts.get(i)?, file))).collect();
-        let results = self.act_on(&accepted, scan, &durable, acted);
+        let results = self.act_on(&accepted, judged, &durable, acted);
         if let Err(e) = syncing.result() {
             // Nothing was changed (every store change waited for this).
             self.journal.forget_intents(&intents);
@@ -323,15 +330,16 @@ impl Releaser {
     fn act_on(
         &mut self,
         accepted: &[(&Verdict, hostlocal::ReservationFile)],
-        scan: Option<&[Verdict]>,
+        judged: Option<&[Verdict]>,
         durable: &Durable,
         mut acted: Option<(hostlocal::Underway, u64)>,
     ) -> Vec<(Outcome, ReleaseTimings)> {
         let dry_run = self.config.dry_run;
         let handoff_us = micros(durable.begun_at());
-        // Each attachment's IPs as the scan saw them; released ones leave.
+        // Each attachment's IPs as the batch's verdicts show them (None:
+        // read from the store); released ones leave.
         let mut held: HashMap<(&Path, &str), Vec<&Reservation>> = HashMap::new();
-        for v in scan.unwrap_or_default() {
+        for v in judged.unwrap_or_default() {
             held.entry((v.reservation.path.parent().unwrap_or(Path::new("")), v.reservation.container_id.as_str()))
                 .or_default()
                 .push(&v.reservation);
@@ -374,7 +382,7 @@ impl Releaser {
                 let (v, file) = &accepted[i];
                 let r = &v.reservation;
                 let attachment = (file.network_dir.as_path(), r.container_id.as_str());
-                let others: Option<Vec<IpAddr>> = scan.map(|_| {
+                let others: Option<Vec<IpAddr>> = judged.map(|_| {
                     held.get(&attachment)
                         .into_iter()
                         .flatten()
@@ -557,8 +565,9 @@ struct Started {
     refused: Vec<ReleaseRecord>,
     /// The orphans to act on: indices into the verdicts, with their files.
     accepted: Vec<(usize, hostlocal::ReservationFile)>,
-    /// The verdicts are a whole scan (more than one orphan).
-    whole: bool,
+    /// The verdicts hold every reservation of each orphan's container:
+    /// an attachment's other IPs are read from them, not from the store.
+    judged_together: bool,
     /// The intents written, their fsync's gate and result; None when no
     /// orphan was accepted.
     journaled: Option<(Vec<Intent>, Arc<Durable>, durable::Syncing)>,
@@ -610,6 +619,84 @@ mod tests {
         assert!(record.outcome.released(), "{}", record.outcome);
         assert!(!path.exists());
         assert!(releaser.journal().pending().is_empty(), "the outcome was not recorded");
+    }
+
+    /// A batch reads which IPs an attachment still holds from its verdicts,
+    /// not from the other files of its network (a release read every one,
+    /// under churn once per death): one orphan whose container holds a
+    /// second IP, judged in the same batch, keeps the attachment's cache
+    /// entry; a file the batch was not given is not read.
+    #[test]
+    fn a_batch_takes_an_attachments_other_ips_from_its_verdicts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (data, cache) = (tmp.path().join("networks"), tmp.path().join("results"));
+        let network = data.join("nrbegin");
+        fs::create_dir_all(&network).unwrap();
+        fs::create_dir_all(&cache).unwrap();
+        let entry = cache.join(crate::ipam::cnicache::entry_name("nrbegin", "cid-two", "eth0"));
+        // What libcni writes after the chain's ADD.
+        let write_entry = |ip: &str| {
+            let json = serde_json::json!({
+                "kind": "cniCacheV1", "containerId": "cid-two", "config": "e30=", "ifName": "eth0",
+                "networkName": "nrbegin", "netns": "/run/netns/gone",
+                "result": {"cniVersion": "0.4.0", "ips": [{"version": "4", "address": format!("{ip}/24")}]},
+            });
+            fs::write(&entry, json.to_string()).unwrap();
+        };
+        for ip in ["10.250.1.30", "10.250.1.31"] {
+            fs::write(network.join(ip), "cid-two\r\neth0").unwrap();
+        }
+        let verdict = |ip: &str, status: Status| {
+            let scan = HostLocalStore::new(&data).scan();
+            let r = scan.reservations.into_iter().find(|r| r.ip.to_string() == ip).unwrap();
+            Verdict::new(&r, status, Vec::new())
+        };
+        let config = ReleaserConfig {
+            host_local_dirs: vec![data.clone()],
+            cni_cache_dir: Some(cache.clone()),
+            ..ReleaserConfig::default()
+        };
+        let mut releaser = Releaser::open(&tmp.path().join("state"), config).unwrap();
+        releaser.set_last_look(Box::new(lastlook::NoLook));
+
+        // Judged together: .31 is still held, so the entry stays.
+        write_entry("10.250.1.30");
+        let batch = vec![verdict("10.250.1.30", Status::Orphaned), verdict("10.250.1.31", Status::InUse)];
+        let begun = releaser.begin_orphaned(batch).unwrap();
+        let records = releaser.finish_orphaned(begun).unwrap();
+        let [record] = records.as_slice() else { panic!("one record: {records:?}") };
+        let Outcome::Released { cache_entries_removed, cache_notes } = &record.outcome else {
+            panic!("not released: {}", record.outcome)
+        };
+        assert!(cache_entries_removed.is_empty(), "{cache_entries_removed:?}");
+        assert!(cache_notes.iter().any(|n| n.contains("still holds 10.250.1.31")), "{cache_notes:?}");
+        assert!(entry.exists());
+
+        // .31 alone in its batch: the file of .32 (same attachment, not
+        // judged) is not read, so nothing holds the entry.
+        fs::write(network.join("10.250.1.32"), "cid-two\r\neth0").unwrap();
+        write_entry("10.250.1.31");
+        let begun = releaser.begin_orphaned(vec![verdict("10.250.1.31", Status::Orphaned)]).unwrap();
+        let records = releaser.finish_orphaned(begun).unwrap();
+        let [record] = records.as_slice() else { panic!("one record: {records:?}") };
+        assert!(
+            matches!(&record.outcome, Outcome::Released { cache_entries_removed, .. } if cache_entries_removed == std::slice::from_ref(&entry)),
+            "{:?}",
+            record.outcome
+        );
+        assert!(!entry.exists());
+
+        // One verdict released alone (`release`, a reviewed report) reads
+        // the store: .32 still holds the entry.
+        write_entry("10.250.1.33");
+        fs::write(network.join("10.250.1.33"), "cid-two\r\neth0").unwrap();
+        let record = releaser.release(&verdict("10.250.1.33", Status::Orphaned)).unwrap();
+        let Outcome::Released { cache_entries_removed, cache_notes } = &record.outcome else {
+            panic!("not released: {}", record.outcome)
+        };
+        assert!(cache_entries_removed.is_empty(), "{cache_entries_removed:?}");
+        assert!(cache_notes.iter().any(|n| n.contains("still holds 10.250.1.32")), "{cache_notes:?}");
+        assert!(entry.exists());
     }
 
     /// Whether the network's lock was held when the last look was asked
