@@ -298,8 +298,64 @@ fn veth_peers_and_host_routes_resolve_across_namespaces() {
     let dumps = requests(&m.take_actions());
     assert_eq!(dumps.iter().filter(|d| d.0 == RTM_GETLINK).count(), 1, "{dumps:?}");
 
+    view::assert_resolver_matches_filed_maps(&m.registry);
+
     m.datagram(None, &fake::link(RTM_DELLINK, 0, &link(10, "veth-host", None)), T0);
     assert!(m.snapshot(T0).host_routes.is_empty(), "routes through a deleted link go with it");
+    view::assert_resolver_matches_filed_maps(&m.registry);
+}
+
+/// Many pods whose own side of the veth is placed from the host's side
+/// (more than the resolver searches one by one before it files every
+/// link), with two links that name the same end (the last one read wins,
+/// as when every link was filed up front), and routes into each pod: every
+/// link is placed as the filed maps placed it, and a dying pod's view
+/// names its host veth.
+#[test]
+fn links_placed_from_the_other_end_resolve_as_the_filed_maps_did() {
+    let mut m = synced(100, 7);
+    let pods: Vec<(NetnsInode, i32)> = (0..12).map(|i| (200 + i, 20 + i as i32)).collect();
+    for &(inode, nsid) in &pods {
+        open(&mut m, inode, nsid);
+    }
+    answer_dumps(&mut m, |_, _, _| Vec::new());
+    for (i, &(_, nsid)) in pods.iter().enumerate() {
+        let host_ifindex = 10 + i as u32;
+        m.datagram(None, &fake::link(RTM_NEWLINK, 0, &link(host_ifindex, "veth", Some((2, Some(nsid))))), T0);
+        // From inside the pod, in its own numbering: placed from the host's side.
+        m.datagram(Some(nsid), &fake::link(RTM_NEWLINK, 0, &link(2, "eth0", Some((host_ifindex, Some(0))))), T0);
+        let mut route = host_route(&format!("10.1.0.{}", i + 1), host_ifindex);
+        route.protocol = 3;
+        m.datagram(None, &fake::route(RTM_NEWROUTE, 0, &route), T0);
+    }
+    // A second link naming pod 0's eth0 (a link of pod 1, placed in our
+    // frame): two candidates for one end.
+    m.datagram(
+        None,
+        &fake::link(RTM_NEWLINK, 0, &{
+            let mut l = link(5, "odd", Some((2, Some(pods[0].1))));
+            l.target_nsid = Some(pods[1].1);
+            l
+        }),
+        T0,
+    );
+    view::assert_resolver_matches_filed_maps(&m.registry);
+    let s = same_as_fresh(&mut m, T0);
+    for (i, &(inode, _)) in pods.iter().enumerate().skip(1) {
+        let eth0 = view_of(&s, inode).interfaces.iter().find(|l| l.ifindex == 2).cloned().unwrap();
+        assert_eq!(eth0.link.and_then(|l| l.ifname).as_deref(), Some("veth"), "pod {i}");
+    }
+    // A pod dies: its view (taken as it dies) is the last snapshot's.
+    let before = view_of(&s, pods[3].0);
+    m.datagram(None, &fake::nsid(RTM_DELNSID, 0, pods[3].1), T0);
+    let died = deaths(&m.take_actions());
+    let [death] = died.as_slice() else { panic!("one death: {died:?}") };
+    assert_eq!(death.inode, Some(pods[3].0));
+    let after = m.snapshot(T0);
+    let dead = after.netns.iter().find(|v| !v.alive && v.inode == Some(pods[3].0)).unwrap();
+    assert_eq!(dead.interfaces, before.interfaces);
+    assert_eq!(dead.host_routes, before.host_routes);
+    view::assert_resolver_matches_filed_maps(&m.registry);
 }
 
 #[test]
@@ -485,6 +541,7 @@ fn a_stale_put_net_record_does_not_kill_the_netns_that_reused_the_inode() {
 fn same_as_fresh(m: &mut Model, now: SystemTime) -> ModelSnapshot {
     let snapshot = m.snapshot(now);
     assert_eq!(snapshot, m.fresh_snapshot(now), "incremental snapshot differs from a fresh one");
+    view::assert_resolver_matches_filed_maps(&m.registry);
     snapshot
 }
 
