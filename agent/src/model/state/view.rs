@@ -19,7 +19,7 @@ use super::{
         },
     },
     age,
-    records::{LinkNetns, Netns, NetnsKey, RecordId, RouteKey},
+    records::{LinkNetns, LinkState, Netns, NetnsKey, RecordId, RouteKey},
     registry::Registry,
 };
 use crate::{
@@ -65,10 +65,8 @@ impl<'a> Resolver<'a> {
         let host = registry.host();
         let mut routes_into: Map<NetnsKey, Vec<(IpAddr, u32)>> = Map::default();
         for k in host.routes.keys() {
-            let Some(p) = host.links.get(&k.oif).and_then(|l| l.link) else {
-                continue;
-            };
-            if let Some((o, _)) = r.place(NetnsKey::Host, k.oif, p)
+            let Some(link) = host.links.get(&k.oif) else { continue };
+            if let Some((o, _)) = r.place(NetnsKey::Host, k.oif, link)
                 && o != NetnsKey::Host
                 && wanted(o)
             {
@@ -85,13 +83,6 @@ impl<'a> Resolver<'a> {
         let registry = self.registry;
         std::iter::once((NetnsKey::Host, registry.host()))
             .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)))
-    }
-
-    /// Where link `ifindex` of `key` says its other end is.
-    fn forward(&self, key: NetnsKey, ifindex: u32) -> Option<(NetnsKey, u32)> {
-        let l = self.netns(key)?.links.get(&ifindex)?;
-        let p = l.link?;
-        Some((self.link_target(key, l.link_netns)?, p))
     }
 
     /// The last link (in [`Self::netns_in_order`]) that names
@@ -134,16 +125,19 @@ impl<'a> Resolver<'a> {
         netns(self.registry, key)
     }
 
-    /// Where the other end of link `ifindex` of `key` is.
-    fn place(&self, key: NetnsKey, ifindex: u32, peer_ifindex: u32) -> Option<(NetnsKey, u32)> {
-        self.forward(key, ifindex).or_else(|| {
+    /// Where the other end of `l`, link `ifindex` of `key`, is: where `l`
+    /// says, else where the link naming it is.
+    fn place(&self, key: NetnsKey, ifindex: u32, l: &LinkState) -> Option<(NetnsKey, u32)> {
+        let peer_ifindex = l.link?;
+        self.link_target(key, l.link_netns).map(|o| (o, peer_ifindex)).or_else(|| {
             // The other end placed us: a veth pair names each other.
             self.reverse(key, ifindex).filter(|&(ok, oi)| oi == peer_ifindex && ok != key)
         })
     }
 
-    fn link_ref(&self, key: NetnsKey, ifindex: u32, peer_ifindex: u32) -> LinkRef {
-        match self.place(key, ifindex, peer_ifindex) {
+    /// The reference to a link's other end, placed at `placed` ([`Self::place`]).
+    fn link_ref(&self, placed: Option<(NetnsKey, u32)>, peer_ifindex: u32) -> LinkRef {
+        match placed {
             Some((o, p)) => {
                 let ns = self.netns(o);
                 LinkRef {
@@ -185,10 +179,9 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> 
             mac: l.mac.clone(),
             master: l.master,
             link: l.link.map(|p| {
-                if let Some(peer) = resolver.place(key, ifindex, p) {
-                    reads.push(peer);
-                }
-                resolver.link_ref(key, ifindex, p)
+                let placed = resolver.place(key, ifindex, l);
+                reads.extend(placed);
+                resolver.link_ref(placed, p)
             }),
         })
         .collect();
@@ -254,7 +247,7 @@ fn host_routes(registry: &Registry, resolver: &Resolver) -> Vec<HostRouteView> {
                 ifname: link.and_then(|l| l.name.clone()),
                 table: k.table,
                 protocol,
-                netns: link.and_then(|l| l.link).and_then(|p| resolver.link_ref(NetnsKey::Host, k.oif, p).netns),
+                netns: link.and_then(|l| resolver.link_ref(resolver.place(NetnsKey::Host, k.oif, l), l.link?).netns),
             }
         })
         .collect()
@@ -605,7 +598,7 @@ pub(super) fn assert_resolver_matches_filed_maps(registry: &Registry) {
             for (&ifindex, l) in &ns.links {
                 let Some(p) = l.link else { continue };
                 assert_eq!(
-                    resolver.place(key, ifindex, p),
+                    resolver.place(key, ifindex, l),
                     filed_place(key, ifindex, p),
                     "link {ifindex} of {key:?} (peer {p}), wanted {wanted:?}"
                 );
