@@ -163,7 +163,8 @@ impl Releaser {
     /// orphan's container (a whole scan, or a death pass's candidates, which
     /// take in their containers' other reservations): which other IPs an
     /// attachment still holds (to keep its cache entry) is read from them
-    /// instead of the disk, so a release reads no other file of its network. Crash-safe like single releases (every intent is durable
+    /// instead of the disk, so a release reads no other file of its
+    /// network. Crash-safe like single releases (every intent is durable
     /// before the first store change, every unlink before its outcome),
     /// with three fsyncs per batch instead of three per release. Each
     /// network's lock is taken once for its group of files, with one last

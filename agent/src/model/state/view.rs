@@ -77,15 +77,16 @@ impl<'a> Resolver<'a> {
         r
     }
 
-    /// Every netns of the node, the host's first: the order in which the
+    /// Every link of the node, the host's first: the order in which the
     /// last link naming an end wins.
-    fn netns_in_order(&self) -> impl Iterator<Item = (NetnsKey, &'a Netns)> + 'a {
+    fn links_in_order(&self) -> impl Iterator<Item = ((NetnsKey, u32), &'a LinkState)> + 'a {
         let registry = self.registry;
         std::iter::once((NetnsKey::Host, registry.host()))
             .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)))
+            .flat_map(|(k, ns)| ns.links.iter().map(move |(&i, l)| ((k, i), l)))
     }
 
-    /// The last link (in [`Self::netns_in_order`]) that names
+    /// The last link (in [`Self::links_in_order`]) that names
     /// `(key, ifindex)` as its other end.
     fn reverse(&self, key: NetnsKey, ifindex: u32) -> Option<(NetnsKey, u32)> {
         if let Some(filed) = self.reverse.get() {
@@ -96,16 +97,14 @@ impl<'a> Resolver<'a> {
         if scans < REVERSE_SCANS {
             // Only the links whose peer ifindex is this one are resolved.
             return self
-                .netns_in_order()
-                .flat_map(|(k, ns)| ns.links.iter().map(move |(&i, l)| ((k, i), l)))
+                .links_in_order()
                 .filter(|(_, l)| l.link == Some(ifindex))
                 .filter(|&((k, _), l)| self.link_target(k, l.link_netns) == Some(key))
                 .map(|(at, _)| at)
                 .last();
         }
         let filed = self.reverse.get_or_init(|| {
-            self.netns_in_order()
-                .flat_map(|(k, ns)| ns.links.iter().map(move |(&i, l)| ((k, i), l)))
+            self.links_in_order()
                 .filter_map(|(at, l)| Some(((self.link_target(at.0, l.link_netns)?, l.link?), at)))
                 .collect()
         });
