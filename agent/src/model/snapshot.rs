@@ -186,7 +186,10 @@ pub struct NetnsView {
     /// Processes in it, as of the last full scan.
     pub process_count: u32,
     pub processes: Vec<ProcessRef>,
-    pub interfaces: Vec<InterfaceView>,
+    /// By ifindex. Each is shared by the snapshots taken while it did not
+    /// change: the host's view has one per pod, and a pod's birth or death
+    /// changes one of them.
+    pub interfaces: Vec<Arc<InterfaceView>>,
     pub addresses: Vec<AddressView>,
     /// Host routes (main table, /32 or /128) through an interface whose
     /// peer lives in this netns.

@@ -162,28 +162,60 @@ fn netns(registry: &Registry, key: NetnsKey) -> Option<&Netns> {
     }
 }
 
-/// A view of `key` and the links of other netns it read (a peer's name
-/// and identity, or a host link its routes come through).
-fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> (NetnsView, Vec<(NetnsKey, u32)>) {
-    let mut reads = Vec::new();
+/// Where a link's other end was placed ([`Resolver::place`]): None for a
+/// link that names none, or one not placed.
+type Placed = Option<(NetnsKey, u32)>;
+
+/// One interface's view, and where its link's other end was placed.
+fn interface(resolver: &Resolver, key: NetnsKey, ifindex: u32, l: &LinkState) -> (Arc<InterfaceView>, Placed) {
+    let placed = l.link.and_then(|_| resolver.place(key, ifindex, l));
+    let view = InterfaceView {
+        ifindex,
+        name: l.name.clone(),
+        kind: l.kind.clone(),
+        up: l.flags & consts::IFF_UP != 0,
+        mac: l.mac.clone(),
+        master: l.master,
+        link: l.link.map(|p| resolver.link_ref(placed, p)),
+    };
+    (Arc::new(view), placed)
+}
+
+/// A view as built: the view, where each of its interfaces' other ends was
+/// placed (in the order of its interfaces), and the links of other netns
+/// it read (a peer's name and identity, or a host link its routes come
+/// through).
+struct Viewed {
+    view: NetnsView,
+    placed: Vec<Placed>,
+    reads: Vec<(NetnsKey, u32)>,
+}
+
+/// A view of `key`. With `kept` (the view built before, and what changed
+/// since, when the netns's identity did not change), an interface that
+/// [`Recheck::may_change`] clears is shared from it, not built again.
+fn view(
+    registry: &Registry,
+    resolver: &Resolver,
+    key: NetnsKey,
+    ns: &Netns,
+    kept: Option<(&Built, &Recheck)>,
+) -> Viewed {
     let sighting = ns.inode.and_then(|i| registry.sighting(i));
-    let interfaces: Vec<InterfaceView> = ns
-        .links
-        .iter()
-        .map(|(&ifindex, l)| InterfaceView {
-            ifindex,
-            name: l.name.clone(),
-            kind: l.kind.clone(),
-            up: l.flags & consts::IFF_UP != 0,
-            mac: l.mac.clone(),
-            master: l.master,
-            link: l.link.map(|p| {
-                let placed = resolver.place(key, ifindex, l);
-                reads.extend(placed);
-                resolver.link_ref(placed, p)
-            }),
-        })
-        .collect();
+    let mut interfaces = Vec::with_capacity(ns.links.len());
+    let mut placed = Vec::with_capacity(ns.links.len());
+    // Both by ifindex: the kept interfaces are walked alongside.
+    let mut old = kept.map(|(b, r)| (b.view.interfaces.iter().zip(&b.placed).peekable(), r));
+    for (&ifindex, l) in &ns.links {
+        let shared = old.as_mut().and_then(|(old, recheck)| {
+            while old.next_if(|(i, _)| i.ifindex < ifindex).is_some() {}
+            let (i, &p) = old.next_if(|(i, _)| i.ifindex == ifindex)?;
+            (!recheck.may_change(key, ifindex, l, p)).then(|| (Arc::clone(i), p))
+        });
+        let (i, p) = shared.unwrap_or_else(|| interface(resolver, key, ifindex, l));
+        interfaces.push(i);
+        placed.push(p);
+    }
     let addresses = ns
         .addresses
         .iter()
@@ -197,7 +229,7 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> 
         .collect();
     let routes = resolver.routes_into.get(&key).map_or(&[][..], Vec::as_slice);
     let host_routes = routes.iter().map(|&(dst, _)| dst).collect();
-    reads.extend(routes.iter().map(|&(_, oif)| (NetnsKey::Host, oif)));
+    let reads = placed.iter().flatten().copied().chain(routes.iter().map(|&(_, oif)| (NetnsKey::Host, oif))).collect();
     let view = NetnsView {
         inode: ns.inode,
         nsid: ns.nsid,
@@ -214,7 +246,65 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> 
         addresses,
         host_routes,
     };
-    (view, reads)
+    Viewed { view, placed, reads }
+}
+
+/// What a change can do to an interface of a view whose netns kept its
+/// identity: its own link is what it was unless [`Changes::links`] names
+/// it, and its other end's place, name and identity depend only on the
+/// links, identities and nsids below.
+struct Recheck<'c> {
+    changes: &'c Changes,
+    /// nsids given or taken since the views were built (each netns whose
+    /// identity changed: the nsid its view had, and the one it has now):
+    /// a link naming one may now name another netns.
+    nsids: Set<i32>,
+    /// Links named as the other end by a link that changed: it may be
+    /// the one that places them now (the last one wins).
+    named: Set<(NetnsKey, u32)>,
+}
+
+impl<'c> Recheck<'c> {
+    /// Made before any view is rebuilt: the nsids the views had are read
+    /// from them.
+    fn new(registry: &Registry, resolver: &Resolver, changes: &'c Changes, built: &Map<NetnsKey, Built>) -> Self {
+        let nsids = changes
+            .identities
+            .iter()
+            .flat_map(|key| {
+                let now = netns(registry, *key).and_then(|ns| ns.nsid);
+                let then = built.get(key).and_then(|b| b.view.nsid);
+                now.into_iter().chain(then)
+            })
+            .collect();
+        let named = changes
+            .links
+            .iter()
+            .filter_map(|&(key, ifindex)| {
+                let l = netns(registry, key)?.links.get(&ifindex)?;
+                Some((resolver.link_target(key, l.link_netns)?, l.link?))
+            })
+            .collect();
+        Self { changes, nsids, named }
+    }
+
+    /// Whether interface `ifindex` of `key` (link `l`, its other end
+    /// placed at `placed` when built) may show something else now.
+    fn may_change(&self, key: NetnsKey, ifindex: u32, l: &LinkState, placed: Placed) -> bool {
+        if self.changes.links.contains(&(key, ifindex)) {
+            return true;
+        }
+        if l.link.is_none() {
+            return false;
+        }
+        let Some((o, p)) = placed else {
+            return true; // not placed: it may be now
+        };
+        self.changes.links.contains(&(o, p))
+            || self.changes.identities.contains(&o)
+            || matches!(l.link_netns, LinkNetns::Nsid(n) if self.nsids.contains(&n))
+            || self.named.contains(&(key, ifindex))
+    }
 }
 
 /// The view of record `id` as it dies at `at`, taken while it is still in
@@ -223,7 +313,7 @@ fn view(registry: &Registry, resolver: &Resolver, key: NetnsKey, ns: &Netns) -> 
 pub(super) fn dying(registry: &Registry, id: RecordId, source: DeathSource, at: SystemTime) -> Option<NetnsView> {
     let rec = registry.record(id)?;
     let resolver = Resolver::new(registry, |k| k == NetnsKey::Record(id));
-    let (mut view, _) = view(registry, &resolver, NetnsKey::Record(id), rec);
+    let Viewed { mut view, .. } = view(registry, &resolver, NetnsKey::Record(id), rec, None);
     view.alive = false;
     if view.bind_mounts.is_empty() {
         view.bind_mounts.clone_from(&rec.last_mounts);
@@ -269,11 +359,11 @@ pub(super) fn fresh_snapshot(
     now: SystemTime,
 ) -> ModelSnapshot {
     let resolver = Resolver::new(registry, |_| true);
-    let mut netns = vec![Arc::new(view(registry, &resolver, NetnsKey::Host, registry.host()).0)];
+    let mut netns = vec![Arc::new(view(registry, &resolver, NetnsKey::Host, registry.host(), None).view)];
     netns.extend(
         live_in_order(registry)
             .into_iter()
-            .map(|(id, r)| Arc::new(view(registry, &resolver, NetnsKey::Record(id), r).0)),
+            .map(|(id, r)| Arc::new(view(registry, &resolver, NetnsKey::Record(id), r, None).view)),
     );
     let sealed = dead.sealed(netns.len());
     netns.extend(dead.views.iter().cloned());
@@ -285,10 +375,12 @@ pub(super) fn fresh_snapshot(
 /// host route. The registry records them as it changes.
 #[derive(Debug, Default)]
 pub(super) struct Changes {
-    /// Netns whose own view changed (links, addresses, creator, sighting).
+    /// Netns whose own view changed (addresses, creator, sighting,
+    /// identity).
     pub(super) netns: Set<NetnsKey>,
-    /// Links added, changed or removed: the views that show their name or
-    /// are placed through them change too.
+    /// Links added, changed or removed: their netns's view changes (that
+    /// interface, and the addresses on it), and so do the views that show
+    /// their name or are placed through them.
     links: Set<(NetnsKey, u32)>,
     /// Netns created, removed, or given an inode or nsid: those that name
     /// them change, and an nsid may now name another netns.
@@ -299,7 +391,6 @@ pub(super) struct Changes {
 
 impl Changes {
     pub(super) fn link(&mut self, key: NetnsKey, ifindex: u32) {
-        self.netns.insert(key);
         self.links.insert((key, ifindex));
     }
 
@@ -320,6 +411,8 @@ impl Changes {
 /// A view as last built, and the links of other netns it read.
 struct Built {
     view: Arc<NetnsView>,
+    /// Where each interface's other end was placed, in their order.
+    placed: Vec<Placed>,
     /// Sorted, no duplicates.
     reads: Vec<(NetnsKey, u32)>,
 }
@@ -355,6 +448,7 @@ impl Views {
             }
         };
         for &(key, ifindex) in &changes.links {
+            stale.insert(key);
             stale.extend(readers_of_link(key, ifindex));
             stale.extend(target(key, ifindex));
         }
@@ -400,8 +494,8 @@ impl Views {
     /// view reads the veth of every pod, and taking each out and back in
     /// on every rebuild cost ~0.1 ms per snapshot at 200 pods (the one
     /// taken as a death is sent included). Reads are kept sorted.
-    fn keep(&mut self, key: NetnsKey, ns: &Netns, registry: &Registry, view: NetnsView, reads: Vec<(NetnsKey, u32)>) {
-        let mut reads = reads;
+    fn keep(&mut self, key: NetnsKey, ns: &Netns, registry: &Registry, viewed: Viewed) {
+        let Viewed { view, placed, mut reads } = viewed;
         reads.sort_unstable();
         reads.dedup();
         let old = self.built.remove(&key).map(|b| b.reads).unwrap_or_default();
@@ -419,7 +513,7 @@ impl Views {
         } else {
             self.unresolved.remove(&key);
         }
-        self.built.insert(key, Built { view: Arc::new(view), reads });
+        self.built.insert(key, Built { view: Arc::new(view), placed, reads });
     }
 
     /// Rebuilds the views `changes` may have changed.
@@ -433,13 +527,19 @@ impl Views {
             stale.extend(registry.records().map(|(id, _)| NetnsKey::Record(id)));
         }
         let resolver = Resolver::new(registry, |k| stale.contains(&k));
+        let recheck = Recheck::new(registry, &resolver, changes, &self.built);
         for &key in &stale {
             let Some(ns) = netns(registry, key) else {
                 self.forget(key);
                 continue;
             };
-            let (view, reads) = view(registry, &resolver, key, ns);
-            self.keep(key, ns, registry, view, reads);
+            // A netns whose identity changed is built again whole (a link
+            // elsewhere that names its nsid may now place one of its
+            // interfaces); any other keeps the interfaces that `recheck`
+            // clears. What a view shows besides them is read again.
+            let kept = self.built.get(&key).filter(|_| !changes.identities.contains(&key)).map(|b| (b, &recheck));
+            let viewed = view(registry, &resolver, key, ns, kept);
+            self.keep(key, ns, registry, viewed);
         }
         // Which netns a host route leads into can change with a link of any
         // netns (a peer placed from the other end): any change rebuilds them
