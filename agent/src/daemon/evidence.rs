@@ -1862,7 +1862,8 @@ mod tests {
 
             /// The pass index's answers are exactly the walks': a death's
             /// concern (containers and IPs), a concern's observations (every
-            /// entry, in order) and each dead netns's containers.
+            /// entry, in order) and each dead netns's containers, whether its
+            /// maps answer or its own walks do.
             #[test]
             fn the_pass_index_answers_exactly_as_the_walks(
                 (views, ledger, cache, extra) in a_node(),
@@ -1871,6 +1872,7 @@ mod tests {
                 containers in prop::collection::hash_set(0usize..6, 0..4),
                 ips in prop::collection::hash_set(1u8..5, 0..3),
                 sandboxes in prop::collection::vec(0usize..3, 0..2),
+                walks in prop::sample::select(vec![0_u32, 1, 2, 3, u32::MAX]),
             ) {
                 // Deaths of the snapshot's own netns too, as the model sends them.
                 let mut deaths = deaths;
@@ -1880,7 +1882,8 @@ mod tests {
                     addresses: v.addresses.iter().map(|a| a.ip).collect(),
                 }));
                 let snapshot = snapshot_of(views);
-                let index = PassIndex::new(&snapshot, &ledger, &cache);
+                // Its maps filed at once, never, or after a few walks.
+                let index = PassIndex::new(&snapshot, &ledger, &cache).with_walks_before_filing(walks);
                 let walked = death_concern(
                     &snapshot,
                     &ledger,

@@ -13,9 +13,11 @@
 //! then decides: the answers are exactly the walks' (tests at the end).
 
 use std::{
+    cell::{Cell, OnceCell},
     collections::HashSet,
     ffi::OsStr,
     net::IpAddr,
+    ops::Range,
     path::{Path, PathBuf},
     sync::Arc,
     time::SystemTime,
@@ -36,6 +38,7 @@ use crate::{
     identity::{NetnsId, last_name},
     ipam::cnicache::CachedAttachment,
     ledger::{Attachment, Ledger, bindings::Bound},
+    model::NetnsView,
     model::{sealed::SealedViews, snapshot::ModelSnapshot},
 };
 
@@ -60,79 +63,178 @@ fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Filed<
 /// For a snapshot whose sealed views are out of its range (none indexed).
 static NONE_SEALED: SealedViews = SealedViews::NONE;
 
+/// Questions a map of the index answers by a walk before it is filed. A
+/// death's pass asks each a handful: filing every live netns and cache
+/// entry of the node up front cost ~0.1 ms per death at 200 pods, more than
+/// those walks. A pass that asks more (a burst, a full pass) files once.
+const WALKS_BEFORE_FILING: u32 = 8;
+
+/// Positions filed by key, filed when first asked past the walks.
+struct Lazy<K> {
+    filed: OnceCell<Map<K, Filed<usize>>>,
+    walks: Cell<u32>,
+}
+
+impl<K: std::hash::Hash + Eq> Lazy<K> {
+    fn new() -> Self {
+        Self { filed: OnceCell::new(), walks: Cell::new(0) }
+    }
+
+    /// The map `file` builds, once `walks` questions were answered by a
+    /// walk; None: the caller walks this time (its walk pushes what the
+    /// map holds under its key, in the same order).
+    fn filed(&self, walks: u32, file: impl FnOnce() -> Map<K, Filed<usize>>) -> Option<&Map<K, Filed<usize>>> {
+        if self.filed.get().is_none() && self.walks.get() < walks {
+            self.walks.set(self.walks.get() + 1);
+            return None;
+        }
+        Some(self.filed.get_or_init(file))
+    }
+}
+
 /// See the module.
 pub(crate) struct PassIndex<'a> {
     pub(crate) incarnations: Incarnations<'a>,
     /// The snapshot's netns (positions) by each global address, and by
     /// each bind mount's last component: those the model did not seal.
-    views_by_ip: Map<IpAddr, Filed<usize>>,
-    views_by_mount: ByName<'a>,
+    views_by_ip: Lazy<IpAddr>,
+    views_by_mount: Lazy<Option<&'a OsStr>>,
     /// The sealed ones, indexed by the model.
     sealed: &'a SealedViews,
+    /// Their positions.
+    covered: Range<usize>,
     /// Its bindings are filed by the netns they may name as it changes
     /// ([`Ledger::bindings`]).
     ledger: &'a Ledger,
     cache: &'a [Arc<CachedAttachment>],
     /// Cache entries (positions) by container, and by their netns path's
     /// last component.
-    cache_by_container: Map<&'a str, Filed<usize>>,
-    cache_by_netns: ByName<'a>,
+    cache_by_container: Lazy<&'a str>,
+    cache_by_netns: Lazy<Option<&'a OsStr>>,
+    /// [`WALKS_BEFORE_FILING`] (tests vary it).
+    walks: u32,
 }
 
 impl<'a> PassIndex<'a> {
     #[must_use]
     pub(crate) fn new(snapshot: &'a ModelSnapshot, ledger: &'a Ledger, cache: &'a [Arc<CachedAttachment>]) -> Self {
         // The dead views the model sealed are indexed already: only the
-        // others are filed here (the live ones, the latest deaths), in maps
-        // with room for them reserved up front (`fast::sized_map`).
+        // others are filed here (the live ones, the latest deaths), when a
+        // pass asks enough to pay for it (`Lazy`).
         let sealed =
             if snapshot.sealed.covered().end <= snapshot.netns.len() { &snapshot.sealed } else { &NONE_SEALED };
-        let covered = sealed.covered();
-        let unsealed = snapshot.netns.len() - covered.len();
-        let mut views_by_ip: Map<IpAddr, Filed<usize>> = sized_map(unsealed);
-        let mut views_by_mount: ByName<'a> = sized_map(unsealed);
-        for (i, view) in snapshot.netns.iter().enumerate() {
-            if covered.contains(&i) {
-                continue;
-            }
-            for a in view.global_addresses() {
-                views_by_ip.entry(a.ip).or_default().push(i);
-            }
-            for m in &view.bind_mounts {
-                views_by_mount.entry(name_of(m)).or_default().push(i);
-            }
-        }
-        let mut cache_by_container: Map<&str, Filed<usize>> = sized_map(cache.len());
-        let mut cache_by_netns: ByName<'a> = sized_map(cache.len());
-        for (i, entry) in cache.iter().enumerate() {
-            cache_by_container.entry(entry.container_id.as_str()).or_default().push(i);
-            if let Some(path) = entry.netns.as_deref() {
-                cache_by_netns.entry(name_of(Path::new(path))).or_default().push(i);
-            }
-        }
         Self {
             incarnations: Incarnations::new(snapshot),
-            views_by_ip,
-            views_by_mount,
+            views_by_ip: Lazy::new(),
+            views_by_mount: Lazy::new(),
+            covered: sealed.covered(),
             sealed,
             ledger,
             cache,
-            cache_by_container,
-            cache_by_netns,
+            cache_by_container: Lazy::new(),
+            cache_by_netns: Lazy::new(),
+            walks: WALKS_BEFORE_FILING,
         }
+    }
+
+    /// The index answering every question from its maps (`0`) or by walks
+    /// (`u32::MAX`), or anything between (tests).
+    #[cfg(test)]
+    pub(super) fn with_walks_before_filing(mut self, walks: u32) -> Self {
+        self.walks = walks;
+        self
+    }
+
+    /// The views not sealed, with their positions.
+    fn unsealed(&self) -> impl Iterator<Item = (usize, &'a NetnsView)> + '_ {
+        let netns: &[&'a NetnsView] = &self.incarnations.netns;
+        netns.iter().enumerate().filter(|(i, _)| !self.covered.contains(i)).map(|(i, &v)| (i, v))
     }
 
     /// Pushes the positions of the netns holding `ip`.
     fn views_at_ip(&self, ip: IpAddr, out: &mut Vec<usize>) {
-        push_filed(out, &self.views_by_ip, &ip);
+        let file = || {
+            let mut filed: Map<IpAddr, Filed<usize>> = sized_map(self.incarnations.netns.len());
+            for (i, view) in self.unsealed() {
+                for a in view.global_addresses() {
+                    filed.entry(a.ip).or_default().push(i);
+                }
+            }
+            filed
+        };
+        match self.views_by_ip.filed(self.walks, file) {
+            Some(filed) => push_filed(out, filed, &ip),
+            None => {
+                for (i, view) in self.unsealed() {
+                    out.extend(view.global_addresses().filter(|a| a.ip == ip).map(|_| i));
+                }
+            }
+        }
         self.sealed.at_ip(ip, out);
     }
 
     /// Pushes the positions of the netns mounted at a path that may be `path`.
     fn views_mounted_at(&self, path: &Path, out: &mut Vec<usize>) {
         let name = name_of(path);
-        push_filed(out, &self.views_by_mount, &name);
+        let file = || {
+            let mut filed: ByName<'a> = sized_map(self.incarnations.netns.len());
+            for (i, view) in self.unsealed() {
+                for m in &view.bind_mounts {
+                    filed.entry(name_of(m)).or_default().push(i);
+                }
+            }
+            filed
+        };
+        match self.views_by_mount.filed(self.walks, file) {
+            Some(filed) => push_filed(out, filed, &name),
+            None => {
+                for (i, view) in self.unsealed() {
+                    out.extend(view.bind_mounts.iter().filter(|m| name_of(m) == name).map(|_| i));
+                }
+            }
+        }
         self.sealed.at_mount(name, out);
+    }
+
+    /// Cache entries of a container.
+    fn cache_of<'s>(&'s self, container_id: &str) -> impl Iterator<Item = &'a CachedAttachment> + use<'s, 'a> {
+        let cache = self.cache;
+        let file = || {
+            let mut filed: Map<&str, Filed<usize>> = sized_map(cache.len());
+            for (i, entry) in cache.iter().enumerate() {
+                filed.entry(entry.container_id.as_str()).or_default().push(i);
+            }
+            filed
+        };
+        let mut found = Vec::new();
+        match self.cache_by_container.filed(self.walks, file) {
+            Some(filed) => push_filed(&mut found, filed, &container_id),
+            None => found.extend((0..cache.len()).filter(|&i| cache[i].container_id == container_id)),
+        }
+        found.into_iter().map(move |i| cache[i].as_ref())
+    }
+
+    /// Cache entries whose netns path may be `path`.
+    fn cache_at<'s>(&'s self, path: &'s Path) -> impl Iterator<Item = &'a CachedAttachment> + use<'s, 'a> {
+        let cache = self.cache;
+        let name = name_of(path);
+        let file = || {
+            let mut filed: ByName<'a> = sized_map(cache.len());
+            for (i, entry) in cache.iter().enumerate() {
+                if let Some(path) = entry.netns.as_deref() {
+                    filed.entry(name_of(Path::new(path))).or_default().push(i);
+                }
+            }
+            filed
+        };
+        let mut found = Vec::new();
+        match self.cache_by_netns.filed(self.walks, file) {
+            Some(filed) => push_filed(&mut found, filed, &name),
+            None => found.extend(
+                (0..cache.len()).filter(|&i| cache[i].netns.as_deref().is_some_and(|p| name_of(Path::new(p)) == name)),
+            ),
+        }
+        found.into_iter().map(move |i| cache[i].as_ref())
     }
 
     /// The attachments of these filed bindings.
@@ -160,18 +262,6 @@ impl<'a> PassIndex<'a> {
         self.attachments_of(
             index.pinned_sharing(dead.inode, dead.nsid).chain(by_inode).chain(by_nsid).chain(without_nsid),
         )
-    }
-
-    /// Cache entries of a container.
-    fn cache_of<'s>(&'s self, container_id: &str) -> impl Iterator<Item = &'a CachedAttachment> + use<'s, 'a> {
-        let cache = self.cache;
-        self.cache_by_container.get(container_id).into_iter().flatten().map(move |&i| cache[i].as_ref())
-    }
-
-    /// Cache entries whose netns path may be `path`.
-    fn cache_at<'s>(&'s self, path: &'s Path) -> impl Iterator<Item = &'a CachedAttachment> + use<'s, 'a> {
-        let cache = self.cache;
-        self.cache_by_netns.get(&name_of(path)).into_iter().flatten().map(move |&i| cache[i].as_ref())
     }
 
     /// What [`super::containers_walked`] answers for one incarnation: the
