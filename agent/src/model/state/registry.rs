@@ -60,6 +60,34 @@ pub(super) struct Applied {
     pub(super) needs_link_dump: bool,
 }
 
+/// How many links of the node name each ifindex as their other end.
+#[derive(Debug, Default)]
+struct PeerCounts(Map<u32, u32>);
+
+impl PeerCounts {
+    fn add(&mut self, peer: Option<u32>) {
+        if let Some(p) = peer {
+            *self.0.entry(p).or_default() += 1;
+        }
+    }
+
+    fn take(&mut self, peer: Option<u32>) {
+        if let Some(p) = peer
+            && let Some(n) = self.0.get_mut(&p)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.0.remove(&p);
+            }
+        }
+    }
+
+    /// A record's links, gone with it.
+    fn forget(&mut self, rec: &Netns) {
+        rec.links.values().for_each(|l| self.take(l.link));
+    }
+}
+
 /// The registry's counters, for the model's statistics.
 #[derive(Debug, Clone, Copy, Default)]
 struct RegistryCounts {
@@ -81,6 +109,8 @@ pub(super) struct Registry {
     next_id: RecordId,
     /// What changed since the views were last brought up to date.
     changes: Changes,
+    /// How many links of the node name each ifindex as their other end.
+    peers: PeerCounts,
     /// Advances at each creation and each dump start, to tell which records
     /// a dump can judge.
     epoch: u64,
@@ -98,6 +128,7 @@ impl Registry {
             pending_creators: Map::default(),
             next_id: 1,
             changes: Changes::default(),
+            peers: PeerCounts::default(),
             epoch: 1,
             counts: RegistryCounts::default(),
         }
@@ -115,6 +146,22 @@ impl Registry {
 
     pub(super) fn host(&self) -> &Netns {
         &self.host
+    }
+
+    /// Whether any link of the node names `ifindex` as its other end (in
+    /// whatever netns): when none does, no link can be placed from there.
+    pub(super) fn names_ifindex(&self, ifindex: u32) -> bool {
+        self.peers.0.contains_key(&ifindex)
+    }
+
+    /// The counts, taken again from every link (tests).
+    #[cfg(test)]
+    pub(super) fn assert_peer_counts(&self) {
+        let mut counted = PeerCounts::default();
+        std::iter::once(&self.host).chain(self.live.values()).for_each(|ns| {
+            ns.links.values().for_each(|l| counted.add(l.link));
+        });
+        assert_eq!(self.peers.0, counted.0, "links naming each ifindex");
     }
 
     /// Live records, in no particular order.
@@ -302,7 +349,9 @@ impl Registry {
     pub(super) fn bind_host(&mut self, nsid: i32) {
         // A record made for this nsid before we knew it was ours.
         if let Some(id) = self.by_nsid.remove(&nsid) {
-            self.live.remove(&id);
+            if let Some(rec) = self.live.remove(&id) {
+                self.peers.forget(&rec);
+            }
             self.changes.identity(NetnsKey::Record(id));
         }
         if self.host.nsid != Some(nsid) {
@@ -346,6 +395,7 @@ impl Registry {
         let Some(rec) = self.live.remove(&id) else {
             return;
         };
+        self.peers.forget(&rec);
         self.changes.identity(NetnsKey::Record(id));
         if matches!(source, DeathSource::NsidGone | DeathSource::Superseded) {
             self.counts.corrections.netns_lost += 1;
@@ -452,9 +502,10 @@ impl Registry {
             }
             Message::DelLink(l) => {
                 if let Some(ns) = self.netns_mut(key) {
-                    ns.links.remove(&l.ifindex);
+                    let removed = ns.links.remove(&l.ifindex);
                     ns.addresses.retain(|k, _| k.ifindex != l.ifindex);
                     ns.routes.retain(|k, _| k.oif != l.ifindex);
+                    self.peers.take(removed.and_then(|r| r.link));
                     self.changes.link(key, l.ifindex);
                 }
                 Applied::default()
@@ -572,7 +623,10 @@ impl Registry {
             master: l.master,
         };
         let changed = old != Some(&state);
+        let (old_peer, new_peer) = (old.and_then(|o| o.link), state.link);
         ns.links.insert(l.ifindex, state);
+        self.peers.take(old_peer);
+        self.peers.add(new_peer);
         if changed {
             self.changes.link(key, l.ifindex);
         }
@@ -626,13 +680,15 @@ impl Registry {
             },
         };
         let changes = &mut self.changes;
+        let peers = &mut self.peers;
         let removed = match table {
             Table::Links => {
                 let before = ns.links.len();
-                ns.links.retain(|k, _| {
+                ns.links.retain(|k, l| {
                     let keep = seen.contains(&Entry::Link(*k));
                     if !keep {
                         changes.link(key, *k);
+                        peers.take(l.link);
                     }
                     keep
                 });

@@ -718,6 +718,9 @@ fn views_kept_in_part_equal_fresh_ones_whatever_changes() {
         Pod(i32, u32, u8, Option<(u32, Option<i32>)>),
         /// A link removed: the pod's nsid (None: the host's), ifindex.
         Del(Option<i32>, u32),
+        /// A link removed whose notification was lost: the next dump of
+        /// its netns sweeps it.
+        Lost(Option<i32>, u32),
         Death(i32),
         Birth(i32),
         /// The host learns its own nsid (0): links naming 0 name it.
@@ -734,8 +737,11 @@ fn views_kept_in_part_equal_fresh_ones_whatever_changes() {
         3 => (2_u32..5, 0_u8..2, peer(2, 5)).prop_map(|(i, n, p)| Op::Host(i, n, p)),
         3 => (1_i32..4, 2_u32..5, 0_u8..2, peer(2, 5)).prop_map(|(ns, i, n, p)| Op::Pod(ns, i, n, p)),
         1 => (proptest::option::of(1_i32..4), 2_u32..5).prop_map(|(ns, i)| Op::Del(ns, i)),
+        1 => (proptest::option::of(1_i32..4), 2_u32..5).prop_map(|(ns, i)| Op::Lost(ns, i)),
         1 => (1_i32..5).prop_map(Op::Death),
-        1 => (1_i32..5).prop_map(Op::Birth),
+        // nsid 0 too: a netns the model tracks until the host learns that
+        // nsid is its own.
+        1 => (0_i32..5).prop_map(Op::Birth),
         1 => Just(Op::HostNsid),
         1 => (proptest::option::of(1_i32..4), 2_u32..5).prop_map(|(ns, i)| Op::Addr(ns, i)),
         2 => Just(Op::Snapshot),
@@ -748,6 +754,7 @@ fn views_kept_in_part_equal_fresh_ones_whatever_changes() {
         let mut alive: BTreeMap<i32, NetnsInode> = BTreeMap::from([(1, 100)]);
         let mut next_inode = 101;
         let mut addresses: BTreeSet<(Option<i32>, u32)> = BTreeSet::new();
+        let mut host_bound = false;
         let name = |n: u8| if n == 0 { "eth0" } else { "veth" };
         for (step, op) in ops.into_iter().enumerate() {
             let now = T0 + Duration::from_secs(step as u64);
@@ -771,12 +778,19 @@ fn views_kept_in_part_equal_fresh_ones_whatever_changes() {
                     links.remove(&Some(ns));
                     m.datagram(None, &fake::nsid(RTM_DELNSID, 0, ns), now);
                 }
-                Op::Birth(ns) if !alive.contains_key(&ns) => {
+                Op::Lost(ns, ifindex) => {
+                    links.entry(ns).or_default().remove(&ifindex);
+                }
+                Op::Birth(ns) if !alive.contains_key(&ns) && (ns != 0 || !host_bound) => {
                     open(&mut m, next_inode, ns);
                     alive.insert(ns, next_inode);
                     next_inode += 1;
                 }
                 Op::HostNsid => {
+                    host_bound = true;
+                    if alive.remove(&0).is_some() {
+                        links.remove(&Some(0));
+                    }
                     m.query_host_nsid(3, now);
                     if let Some(&(_, seq, _)) = requests(&m.take_actions()).get(1) {
                         m.datagram(None, &fake::nsid(RTM_NEWNSID, seq, 0), now);
@@ -845,4 +859,25 @@ fn a_link_that_comes_to_name_a_kept_interface_places_it_anew() {
         answer(&mut m, 15 - first);
         same_as_fresh(&mut m, t(3));
     }
+}
+
+/// A netns tracked by an nsid that turns out to be the host's own: its
+/// record goes, and with it what its links named (the count of links
+/// naming each ifindex, which spares searches for the other end of a
+/// link no link names, is taken again from every link and compared).
+#[test]
+fn a_record_that_was_the_host_takes_its_links_with_it() {
+    let mut m = synced(100, 7);
+    open(&mut m, 200, 0);
+    let eth0 = link(2, "eth0", Some((9, None)));
+    m.datagram(Some(0), &fake::link(RTM_NEWLINK, 0, &eth0), T0);
+    answer_dumps(&mut m, |kind, target, seq| {
+        if kind == RTM_GETLINK && target == Some(0) { vec![fake::link(RTM_NEWLINK, seq, &eth0)] } else { vec![] }
+    });
+    same_as_fresh(&mut m, T0);
+    m.query_host_nsid(3, T0);
+    let seq = requests(&m.take_actions())[1].1;
+    m.datagram(None, &fake::nsid(RTM_NEWNSID, seq, 0), T0);
+    assert!(m.snapshot(T0).netns.iter().all(|n| n.inode != Some(200) || !n.alive), "the record is gone");
+    same_as_fresh(&mut m, T0);
 }

@@ -89,6 +89,11 @@ impl<'a> Resolver<'a> {
     /// The last link (in [`Self::links_in_order`]) that names
     /// `(key, ifindex)` as its other end.
     fn reverse(&self, key: NetnsKey, ifindex: u32) -> Option<(NetnsKey, u32)> {
+        // No link names this ifindex (a dead pod's host veth, each death):
+        // nothing to search.
+        if !self.registry.names_ifindex(ifindex) {
+            return None;
+        }
         if let Some(filed) = self.reverse.get() {
             return filed.get(&(key, ifindex)).copied();
         }
@@ -647,6 +652,7 @@ impl DeadViews {
 /// equal, for the netns it is asked about. Panics where they differ.
 #[cfg(test)]
 pub(super) fn assert_resolver_matches_filed_maps(registry: &Registry) {
+    registry.assert_peer_counts();
     let all: Vec<(NetnsKey, &Netns)> = std::iter::once((NetnsKey::Host, registry.host()))
         .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)))
         .collect();
