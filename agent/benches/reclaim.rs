@@ -665,6 +665,8 @@ fn burst() -> Value {
     }
     let mut wanted: HashSet<String> = ips.into_iter().collect();
     let mut last_release = None;
+    // When each release was seen, in order: the shape of the burst.
+    let mut released_at: Vec<f64> = Vec::with_capacity(BURST);
     let deadline = Instant::now() + Duration::from_mins(1);
     while !wanted.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -673,6 +675,7 @@ fn burst() -> Value {
         };
         if wanted.remove(&name) {
             last_release = Some(since(t0, at));
+            released_at.push(since(t0, at).as_secs_f64());
         }
     }
     let unreleased = wanted.len();
@@ -694,6 +697,8 @@ fn burst() -> Value {
         "setup_s": setup_s,
         "ip_batch_s": batch_done.as_secs_f64(),
         "all_released_s": last_release.map(|d| d.as_secs_f64()),
+        "released_s_at_count": burst_shape(&released_at),
+        "intent_batches": intent_batches(&lab.state_dir),
         "unreleased_after_60s": unreleased,
         "remaining_files": ip_files(&dir),
         "kernel_last_delnsid_s": last_kernel.map(|d| d.as_secs_f64()),
@@ -703,6 +708,31 @@ fn burst() -> Value {
         "agent_peak_rss_mib": vm_kib(&pid.to_string(), "VmHWM") as f64 / 1024.0,
         "counters": agent_counters(&agent),
     })
+}
+
+/// When the 1st, 100th, 250th, 500th, 750th and last release were seen.
+fn burst_shape(released_at: &[f64]) -> Value {
+    let at = |n: usize| released_at.get(n.saturating_sub(1)).copied();
+    json!({
+        "1": at(1),
+        "100": at(100),
+        "250": at(250),
+        "500": at(500),
+        "750": at(750),
+        "last": released_at.last().copied(),
+    })
+}
+
+/// How many batches the journal's intents came in (one write each).
+fn intent_batches(state_dir: &Path) -> usize {
+    let journal = std::fs::read_to_string(state_dir.join("journal.jsonl")).unwrap_or_default();
+    let batches: HashSet<String> = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["record"] == "intent")
+        .filter_map(|l| l["at"].as_str().map(str::to_owned))
+        .collect();
+    batches.len()
 }
 
 // ---------------------------------------------------------------- 5 down

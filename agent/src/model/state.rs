@@ -173,7 +173,13 @@ impl Model {
     /// Whether a death waits among the actions not yet taken.
     #[must_use]
     pub fn death_pending(&self) -> bool {
-        self.actions.iter().any(|a| matches!(a, Action::Death(_)))
+        self.deaths_pending() > 0
+    }
+
+    /// Deaths among the actions not yet taken.
+    #[must_use]
+    pub fn deaths_pending(&self) -> usize {
+        self.actions.iter().filter(|a| matches!(a, Action::Death(_))).count()
     }
 
     #[must_use]
@@ -525,4 +531,4 @@ impl Model {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

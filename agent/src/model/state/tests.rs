@@ -113,17 +113,27 @@ fn open(m: &mut Model, inode: NetnsInode, nsid: i32) {
 
 /// A model through its first sync with netns `inode` = nsid `nsid`.
 fn synced(inode: NetnsInode, nsid: i32) -> Model {
+    synced_with(&[(inode, nsid)])
+}
+
+/// A model through its first sync with each netns (inode, nsid) open.
+pub(in crate::model) fn synced_with(netns: &[(NetnsInode, i32)]) -> Model {
     let mut m = model();
     m.start_resync(false);
     let Some(Action::Job(Job::Scan { generation, .. })) = m.take_actions().pop() else { panic!("no scan") };
-    open(&mut m, inode, nsid);
+    for &(inode, nsid) in netns {
+        open(&mut m, inode, nsid);
+        // Its dumps, before the next open takes the actions.
+        answer_dumps(&mut m, |_, _, _| vec![]);
+    }
     m.scan_done(generation, Scope::Full, BTreeMap::new());
-    answer_dumps(
-        &mut m,
-        |kind, _, seq| {
-            if kind == RTM_GETNSID { vec![fake::nsid(RTM_NEWNSID, seq, nsid)] } else { vec![] }
-        },
-    );
+    answer_dumps(&mut m, |kind, _, seq| {
+        if kind == RTM_GETNSID {
+            netns.iter().map(|&(_, nsid)| fake::nsid(RTM_NEWNSID, seq, nsid)).collect()
+        } else {
+            vec![]
+        }
+    });
     assert!(m.is_ready());
     m
 }
