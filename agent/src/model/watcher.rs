@@ -451,10 +451,7 @@ impl ModelSocket {
     fn read(&self, model: &mut Model, buf: &mut [u8]) -> Result<Read, WatcherError> {
         let heard = self.deaths_heard.load(Ordering::Relaxed);
         let read = read_datagrams(&self.socket, model, buf, heard)?;
-        // A death heard but not queued (the bell may hear it first) is read
-        // as it comes, alone.
-        let left = if read.drained { 0 } else { heard.saturating_sub(model.deaths_pending()) };
-        self.deaths_heard.store(left, Ordering::Relaxed);
+        self.deaths_heard.store(deaths_left(heard, read, model.deaths_pending()), Ordering::Relaxed);
         Ok(read)
     }
 
@@ -597,6 +594,15 @@ fn read_datagrams(
         }
     }
     Ok(read)
+}
+
+/// The deaths the bell heard that the next read is still to take, after a
+/// read of `read_now` of the `heard`: the rest of them when the read stopped
+/// short (a burst fills more than a turn), none once the queue is empty (a
+/// death heard but not queued yet, the bell may hear it first, is read as
+/// it comes, alone).
+fn deaths_left(heard: usize, read: Read, read_now: usize) -> usize {
+    if read.drained { 0 } else { heard.saturating_sub(read_now) }
 }
 
 struct Driver {
@@ -875,6 +881,19 @@ mod tests {
         assert!(deaths(&mut model).is_empty());
         let now = Instant::now();
         assert_eq!(next_mode(Some((Cause::Bell, read)), true, Some(now), now, REST), None);
+    }
+
+    #[test]
+    fn deaths_heard_beyond_a_turn_are_read_together_in_the_next() {
+        let at_limit = Read { any: true, drained: false, death: false };
+        let at_deaths = Read { any: true, drained: false, death: true };
+        let drained = Read { any: true, drained: true, death: false };
+        // 1,000 heard, 60 of them in a turn's datagrams: the next read goes on
+        // for the other 940.
+        assert_eq!(deaths_left(1000, at_limit, 60), 940);
+        assert_eq!(deaths_left(3, at_deaths, 3), 0);
+        // Not all queued yet: the rest come alone.
+        assert_eq!(deaths_left(3, drained, 2), 0);
     }
 
     #[test]
