@@ -173,7 +173,7 @@ type Placed = Option<(NetnsKey, u32)>;
 
 /// One interface's view, and where its link's other end was placed.
 fn interface(resolver: &Resolver, key: NetnsKey, ifindex: u32, l: &LinkState) -> (Arc<InterfaceView>, Placed) {
-    let placed = l.link.and_then(|_| resolver.place(key, ifindex, l));
+    let placed = resolver.place(key, ifindex, l);
     let view = InterfaceView {
         ifindex,
         name: l.name.clone(),
