@@ -170,12 +170,6 @@ impl Model {
         }
     }
 
-    /// Whether a death waits among the actions not yet taken.
-    #[must_use]
-    pub fn death_pending(&self) -> bool {
-        self.deaths_pending() > 0
-    }
-
     /// Deaths among the actions not yet taken.
     #[must_use]
     pub fn deaths_pending(&self) -> usize {

@@ -509,8 +509,8 @@ impl ModelSocket {
     }
 
     /// Empties the bell (what it heard is read again from the model
-    /// socket, in order). Returns how many deaths it heard (at least one;
-    /// an overrun, a turn's worth), or None when it no longer works.
+    /// socket, in order). Returns how many deaths it heard (an overrun, a
+    /// turn's worth), or None when it no longer works.
     async fn bell_rang(&self) -> Option<usize> {
         // Nsid messages are a few dozen bytes.
         let mut buf = [0u8; 1024];
@@ -527,7 +527,7 @@ impl ModelSocket {
                 Err(SocketError::Overrun) => heard = heard.saturating_add(DATAGRAMS_PER_WAKE),
                 Ok(None) => {
                     guard.clear_ready();
-                    return Some(heard.max(1));
+                    return Some(heard);
                 }
                 Err(e) => {
                     warn!("death bell failed ({e}): the model reads every notification as it comes");
@@ -686,11 +686,10 @@ impl Driver {
                     Some(c) => self.command(c),
                 },
                 heard = self.io.socket.bell_rang() => {
-                    if heard.is_none() {
-                        self.io.socket.bell = None;
+                    match heard {
+                        Some(deaths) => self.io.socket.heard(deaths),
+                        None => self.io.socket.bell = None,
                     }
-                    let heard = heard.unwrap_or(1);
-                    self.io.socket.heard(heard);
                     let read = self.io.socket.read(&mut self.model, &mut buf)?;
                     turn = Some((Cause::Bell, read));
                 }
@@ -849,11 +848,7 @@ mod tests {
     }
 
     fn deaths(model: &mut Model) -> Vec<Option<i32>> {
-        model
-            .take_actions()
-            .into_iter()
-            .filter_map(|a| if let Action::Death(d) = a { Some(d.nsid) } else { None })
-            .collect()
+        crate::model::state::tests::deaths(&model.take_actions()).iter().map(|d| d.nsid).collect()
     }
 
     #[test]

@@ -33,7 +33,7 @@ fn requests(actions: &[Action]) -> Vec<(u16, u32, Vec<u8>)> {
         .collect()
 }
 
-fn deaths(actions: &[Action]) -> Vec<NetnsDeath> {
+pub(in crate::model) fn deaths(actions: &[Action]) -> Vec<NetnsDeath> {
     actions.iter().filter_map(|a| if let Action::Death(d) = a { Some(d.clone()) } else { None }).collect()
 }
 
