@@ -6,7 +6,7 @@
 //! nor when to ask the kernel anything.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     time::{Duration, SystemTime},
 };
 
@@ -60,31 +60,68 @@ pub(super) struct Applied {
     pub(super) needs_link_dump: bool,
 }
 
-/// How many links of the node name each ifindex as their other end.
-#[derive(Debug, Default)]
-struct PeerCounts(Map<u32, u32>);
+/// The netns a link names as its other end's, as its message says: its
+/// own (`LinkNetns::Same`), or an nsid in the agent's numbering. A link
+/// that names neither (`LinkNetns::Unverified`) places nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) enum Named {
+    Netns(NetnsKey),
+    Nsid(i32),
+}
 
-impl PeerCounts {
-    fn add(&mut self, peer: Option<u32>) {
-        if let Some(p) = peer {
-            *self.0.entry(p).or_default() += 1;
+impl Named {
+    fn of(owner: NetnsKey, l: &LinkState) -> Option<Self> {
+        match l.link_netns {
+            LinkNetns::Same => Some(Self::Netns(owner)),
+            LinkNetns::Nsid(n) => Some(Self::Nsid(n)),
+            LinkNetns::Unverified => None,
+        }
+    }
+}
+
+/// Every link of the node that names another end, filed by that end:
+/// (peer ifindex, the netns it is named in, the link's netns, the link's
+/// ifindex). Placing a link from its other end is then a look-up, not a
+/// search of every link: every pod's `eth0` is ifindex 2, and every host
+/// veth names an ifindex 2.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct PeerIndex(BTreeSet<Filed>);
+
+/// A link in the [`PeerIndex`].
+type Filed = (u32, Named, NetnsKey, u32);
+
+impl PeerIndex {
+    /// How link `ifindex` of `owner` is filed, if it names another end.
+    fn filed(owner: NetnsKey, ifindex: u32, l: &LinkState) -> Option<Filed> {
+        Some((l.link?, Named::of(owner, l)?, owner, ifindex))
+    }
+
+    fn take(&mut self, owner: NetnsKey, ifindex: u32, l: &LinkState) {
+        if let Some(f) = Self::filed(owner, ifindex, l) {
+            self.0.remove(&f);
         }
     }
 
-    fn take(&mut self, peer: Option<u32>) {
-        if let Some(p) = peer
-            && let Some(n) = self.0.get_mut(&p)
-        {
-            *n -= 1;
-            if *n == 0 {
-                self.0.remove(&p);
+    /// A link filed as `old` is filed as `new` now.
+    fn replace(&mut self, old: Option<Filed>, new: Option<Filed>) {
+        if old != new {
+            if let Some(f) = old {
+                self.0.remove(&f);
             }
+            self.0.extend(new);
         }
     }
 
     /// A record's links, gone with it.
-    fn forget(&mut self, rec: &Netns) {
-        rec.links.values().for_each(|l| self.take(l.link));
+    fn forget(&mut self, owner: NetnsKey, rec: &Netns) {
+        rec.links.iter().for_each(|(&i, l)| self.take(owner, i, l));
+    }
+
+    /// The links that name `(named, peer)` as their other end.
+    fn naming(&self, peer: u32, named: Named) -> impl Iterator<Item = (NetnsKey, u32)> + '_ {
+        let from = (peer, named, NetnsKey::Host, 0);
+        let to = (peer, named, NetnsKey::Record(RecordId::MAX), u32::MAX);
+        self.0.range(from..=to).map(|&(_, _, owner, ifindex)| (owner, ifindex))
     }
 }
 
@@ -109,8 +146,8 @@ pub(super) struct Registry {
     next_id: RecordId,
     /// What changed since the views were last brought up to date.
     changes: Changes,
-    /// How many links of the node name each ifindex as their other end.
-    peers: PeerCounts,
+    /// The links of the node by the other end they name.
+    peers: PeerIndex,
     /// Advances at each creation and each dump start, to tell which records
     /// a dump can judge.
     epoch: u64,
@@ -128,7 +165,7 @@ impl Registry {
             pending_creators: Map::default(),
             next_id: 1,
             changes: Changes::default(),
-            peers: PeerCounts::default(),
+            peers: PeerIndex::default(),
             epoch: 1,
             counts: RegistryCounts::default(),
         }
@@ -148,20 +185,30 @@ impl Registry {
         &self.host
     }
 
-    /// Whether any link of the node names `ifindex` as its other end (in
-    /// whatever netns): when none does, no link can be placed from there.
-    pub(super) fn names_ifindex(&self, ifindex: u32) -> bool {
-        self.peers.0.contains_key(&ifindex)
+    /// The links that name link `ifindex` of `key` as their other end
+    /// (whatever their order among the node's links): those of `key` that
+    /// name it in their own netns, and those that name it by the nsid the
+    /// agent knows `key` by.
+    pub(super) fn naming(&self, key: NetnsKey, ifindex: u32) -> impl Iterator<Item = (NetnsKey, u32)> + '_ {
+        // A record's nsid is the one it was created with, and the nsid map
+        // only ever files a record under that one.
+        let nsid = match key {
+            NetnsKey::Host => self.host.nsid.filter(|n| !self.by_nsid.contains_key(n)),
+            NetnsKey::Record(id) => self.nsid(id).filter(|n| self.by_nsid.get(n) == Some(&id)),
+        };
+        self.peers
+            .naming(ifindex, Named::Netns(key))
+            .chain(nsid.into_iter().flat_map(move |n| self.peers.naming(ifindex, Named::Nsid(n))))
     }
 
-    /// The counts, taken again from every link (tests).
+    /// The index, filed again from every link (tests).
     #[cfg(test)]
-    pub(super) fn assert_peer_counts(&self) {
-        let mut counted = PeerCounts::default();
-        std::iter::once(&self.host).chain(self.live.values()).for_each(|ns| {
-            ns.links.values().for_each(|l| counted.add(l.link));
-        });
-        assert_eq!(self.peers.0, counted.0, "links naming each ifindex");
+    pub(super) fn assert_peer_index(&self) {
+        let mut filed = PeerIndex::default();
+        std::iter::once((NetnsKey::Host, &self.host))
+            .chain(self.live.iter().map(|(&id, r)| (NetnsKey::Record(id), r)))
+            .for_each(|(key, ns)| filed.0.extend(ns.links.iter().filter_map(|(&i, l)| PeerIndex::filed(key, i, l))));
+        assert_eq!(self.peers, filed, "links by the other end they name");
     }
 
     /// Live records, in no particular order.
@@ -350,7 +397,7 @@ impl Registry {
         // A record made for this nsid before we knew it was ours.
         if let Some(id) = self.by_nsid.remove(&nsid) {
             if let Some(rec) = self.live.remove(&id) {
-                self.peers.forget(&rec);
+                self.peers.forget(NetnsKey::Record(id), &rec);
             }
             self.changes.identity(NetnsKey::Record(id));
         }
@@ -395,7 +442,7 @@ impl Registry {
         let Some(rec) = self.live.remove(&id) else {
             return;
         };
-        self.peers.forget(&rec);
+        self.peers.forget(NetnsKey::Record(id), &rec);
         self.changes.identity(NetnsKey::Record(id));
         if matches!(source, DeathSource::NsidGone | DeathSource::Superseded) {
             self.counts.corrections.netns_lost += 1;
@@ -505,7 +552,9 @@ impl Registry {
                     let removed = ns.links.remove(&l.ifindex);
                     ns.addresses.retain(|k, _| k.ifindex != l.ifindex);
                     ns.routes.retain(|k, _| k.oif != l.ifindex);
-                    self.peers.take(removed.and_then(|r| r.link));
+                    if let Some(r) = removed {
+                        self.peers.take(key, l.ifindex, &r);
+                    }
                     self.changes.link(key, l.ifindex);
                 }
                 Applied::default()
@@ -623,10 +672,10 @@ impl Registry {
             master: l.master,
         };
         let changed = old != Some(&state);
-        let (old_peer, new_peer) = (old.and_then(|o| o.link), state.link);
+        let filed = old.and_then(|o| PeerIndex::filed(key, l.ifindex, o));
+        let filed_now = PeerIndex::filed(key, l.ifindex, &state);
         ns.links.insert(l.ifindex, state);
-        self.peers.take(old_peer);
-        self.peers.add(new_peer);
+        self.peers.replace(filed, filed_now);
         if changed {
             self.changes.link(key, l.ifindex);
         }
@@ -688,7 +737,7 @@ impl Registry {
                     let keep = seen.contains(&Entry::Link(*k));
                     if !keep {
                         changes.link(key, *k);
-                        peers.take(l.link);
+                        peers.take(key, *k, l);
                     }
                     keep
                 });

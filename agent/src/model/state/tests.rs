@@ -316,9 +316,10 @@ fn veth_peers_and_host_routes_resolve_across_namespaces() {
 }
 
 /// Many pods whose own side of the veth is placed from the host's side
-/// (more than the resolver searches one by one before it files every
-/// link), with two links that name the same end (the last one read wins,
-/// as when every link was filed up front), and routes into each pod: every
+/// (each host veth names an ifindex 2 in its pod: the registry files them
+/// by the netns they name), with two links that name the same end (the
+/// last one read wins, as when every link was filed up front), and routes
+/// into each pod: every
 /// link is placed as the filed maps placed it, and a dying pod's view
 /// names its host veth.
 #[test]

@@ -32,36 +32,19 @@ use crate::{
 /// copied into maps. A link that names its peer's netns itself is placed
 /// from its own record; only a link that does not (an event from inside
 /// its netns, in that netns's numbering) is placed from the other end,
-/// found among the links that name its ifindex. No map of the node's links
-/// is built for a view of one netns (a death's, or one that changed):
-/// built per death, it cost ~70 us at 200 pods, in proportion to the node.
+/// which the registry files by the end it names ([`Registry::naming`]).
 struct Resolver<'a> {
     registry: &'a Registry,
-    /// (netns, ifindex) named as the other end -> the last link naming it
-    /// ([`Resolver::reverse`]): filed on the [`REVERSE_SCANS`]-th search,
-    /// after which every search looks here.
-    reverse: std::cell::OnceCell<Map<(NetnsKey, u32), (NetnsKey, u32)>>,
-    reverse_scans: std::cell::Cell<u32>,
     /// Host routes (destination, interface) by the netns their interface
     /// leads into.
     routes_into: Map<NetnsKey, Vec<(IpAddr, u32)>>,
 }
 
-/// Searches for the other end of a link, each over every link of the node,
-/// before they are all filed at once (a snapshot built from nothing places
-/// every netns's links).
-const REVERSE_SCANS: u32 = 8;
-
 impl<'a> Resolver<'a> {
     /// The references of the netns `wanted` says (and of the host's links:
     /// its routes lead into them): one pass over the host's routes.
     fn new(registry: &'a Registry, wanted: impl Fn(NetnsKey) -> bool) -> Self {
-        let mut r = Self {
-            registry,
-            reverse: std::cell::OnceCell::new(),
-            reverse_scans: std::cell::Cell::new(0),
-            routes_into: Map::default(),
-        };
+        let mut r = Self { registry, routes_into: Map::default() };
         let host = registry.host();
         let mut routes_into: Map<NetnsKey, Vec<(IpAddr, u32)>> = Map::default();
         for k in host.routes.keys() {
@@ -89,31 +72,18 @@ impl<'a> Resolver<'a> {
     /// The last link (in [`Self::links_in_order`]) that names
     /// `(key, ifindex)` as its other end.
     fn reverse(&self, key: NetnsKey, ifindex: u32) -> Option<(NetnsKey, u32)> {
-        // No link names this ifindex (a dead pod's host veth, each death):
-        // nothing to search.
-        if !self.registry.names_ifindex(ifindex) {
-            return None;
+        let mut naming = self.registry.naming(key, ifindex);
+        let first = naming.next()?;
+        if naming.next().is_none() {
+            return Some(first);
         }
-        if let Some(filed) = self.reverse.get() {
-            return filed.get(&(key, ifindex)).copied();
-        }
-        let scans = self.reverse_scans.get() + 1;
-        self.reverse_scans.set(scans);
-        if scans < REVERSE_SCANS {
-            // Only the links whose peer ifindex is this one are resolved.
-            return self
-                .links_in_order()
-                .filter(|(_, l)| l.link == Some(ifindex))
-                .filter(|&((k, _), l)| self.link_target(k, l.link_netns) == Some(key))
-                .map(|(at, _)| at)
-                .last();
-        }
-        let filed = self.reverse.get_or_init(|| {
-            self.links_in_order()
-                .filter_map(|(at, l)| Some(((self.link_target(at.0, l.link_netns)?, l.link?), at)))
-                .collect()
-        });
-        filed.get(&(key, ifindex)).copied()
+        // More than one link names it (one of them stale until a dump
+        // says): the last in the node's order, found by a search.
+        self.links_in_order()
+            .filter(|(_, l)| l.link == Some(ifindex))
+            .filter(|&((k, _), l)| self.link_target(k, l.link_netns) == Some(key))
+            .map(|(at, _)| at)
+            .last()
     }
 
     /// The netns a link of `key` names as its peer's.
@@ -652,7 +622,7 @@ impl DeadViews {
 /// equal, for the netns it is asked about. Panics where they differ.
 #[cfg(test)]
 pub(super) fn assert_resolver_matches_filed_maps(registry: &Registry) {
-    registry.assert_peer_counts();
+    registry.assert_peer_index();
     let all: Vec<(NetnsKey, &Netns)> = std::iter::once((NetnsKey::Host, registry.host()))
         .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)))
         .collect();
