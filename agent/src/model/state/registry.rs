@@ -137,6 +137,9 @@ struct RegistryCounts {
 pub(super) struct Registry {
     host: Netns,
     live: Map<RecordId, Netns>,
+    /// The live records in snapshot order: by first sight (which never
+    /// changes), then id.
+    by_first_sight: BTreeSet<(SystemTime, RecordId)>,
     by_nsid: Map<i32, RecordId>,
     by_inode: Map<NetnsInode, RecordId>,
     /// What the latest scans found, by inode.
@@ -159,6 +162,7 @@ impl Registry {
         Self {
             host: Netns::new(Some(host_inode), None, now, 0),
             live: Map::default(),
+            by_first_sight: BTreeSet::new(),
             by_nsid: Map::default(),
             by_inode: Map::default(),
             sightings: BTreeMap::new(),
@@ -201,9 +205,11 @@ impl Registry {
             .chain(nsid.into_iter().flat_map(move |n| self.peers.naming(ifindex, Named::Nsid(n))))
     }
 
-    /// The index, filed again from every link (tests).
+    /// The indexes, filed again from every record and link (tests).
     #[cfg(test)]
-    pub(super) fn assert_peer_index(&self) {
+    pub(super) fn assert_indexes(&self) {
+        let order: BTreeSet<(SystemTime, RecordId)> = self.live.iter().map(|(&id, r)| (r.first_seen, id)).collect();
+        assert_eq!(self.by_first_sight, order, "live records by first sight");
         let mut filed = PeerIndex::default();
         std::iter::once((NetnsKey::Host, &self.host))
             .chain(self.live.iter().map(|(&id, r)| (NetnsKey::Record(id), r)))
@@ -214,6 +220,11 @@ impl Registry {
     /// Live records, in no particular order.
     pub(super) fn records(&self) -> impl Iterator<Item = (RecordId, &Netns)> {
         self.live.iter().map(|(&id, r)| (id, r))
+    }
+
+    /// Live records in snapshot order: by first sight, then id.
+    pub(super) fn records_in_order(&self) -> impl Iterator<Item = (RecordId, &Netns)> {
+        self.by_first_sight.iter().filter_map(|&(_, id)| self.live.get(&id).map(|r| (id, r)))
     }
 
     pub(super) fn record(&self, id: RecordId) -> Option<&Netns> {
@@ -386,6 +397,7 @@ impl Registry {
             self.by_inode.insert(i, id);
         }
         self.by_nsid.insert(nsid, id);
+        self.by_first_sight.insert((rec.first_seen, id));
         self.live.insert(id, rec);
         self.changes.identity(NetnsKey::Record(id));
         debug!(?inode, nsid, "netns tracked");
@@ -397,6 +409,7 @@ impl Registry {
         // A record made for this nsid before we knew it was ours.
         if let Some(id) = self.by_nsid.remove(&nsid) {
             if let Some(rec) = self.live.remove(&id) {
+                self.by_first_sight.remove(&(rec.first_seen, id));
                 self.peers.forget(NetnsKey::Record(id), &rec);
             }
             self.changes.identity(NetnsKey::Record(id));
@@ -442,6 +455,7 @@ impl Registry {
         let Some(rec) = self.live.remove(&id) else {
             return;
         };
+        self.by_first_sight.remove(&(rec.first_seen, id));
         self.peers.forget(NetnsKey::Record(id), &rec);
         self.changes.identity(NetnsKey::Record(id));
         if matches!(source, DeathSource::NsidGone | DeathSource::Superseded) {

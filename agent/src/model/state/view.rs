@@ -317,7 +317,8 @@ fn host_routes(registry: &Registry, resolver: &Resolver) -> Vec<HostRouteView> {
         .collect()
 }
 
-/// Live records in snapshot order: by first sight.
+/// Live records in snapshot order: by first sight (sorted here, the
+/// reference for the order the registry keeps).
 fn live_in_order(registry: &Registry) -> Vec<(RecordId, &Netns)> {
     let mut live: Vec<(RecordId, &Netns)> = registry.records().collect();
     live.sort_by_key(|&(id, r)| (r.first_seen, id));
@@ -537,8 +538,8 @@ impl Views {
         let mut netns = Vec::with_capacity(self.built.len() + dead.views.len());
         netns.extend(self.built.get(&NetnsKey::Host).map(|b| Arc::clone(&b.view)));
         netns.extend(
-            live_in_order(registry)
-                .into_iter()
+            registry
+                .records_in_order()
                 .filter_map(|(id, _)| self.built.get(&NetnsKey::Record(id)).map(|b| Arc::clone(&b.view))),
         );
         let sealed = dead.sealed(netns.len());
@@ -622,7 +623,7 @@ impl DeadViews {
 /// equal, for the netns it is asked about. Panics where they differ.
 #[cfg(test)]
 pub(super) fn assert_resolver_matches_filed_maps(registry: &Registry) {
-    registry.assert_peer_index();
+    registry.assert_indexes();
     let all: Vec<(NetnsKey, &Netns)> = std::iter::once((NetnsKey::Host, registry.host()))
         .chain(registry.records().map(|(id, rec)| (NetnsKey::Record(id), rec)))
         .collect();
