@@ -191,17 +191,23 @@ fn view(
         interfaces.push(i);
         placed.push(p);
     }
-    let addresses = ns
-        .addresses
-        .iter()
-        .map(|(k, &scope)| AddressView {
-            ip: k.ip,
-            prefix_len: k.prefix_len,
-            ifindex: k.ifindex,
-            ifname: ns.links.get(&k.ifindex).and_then(|l| l.name.clone()),
-            scope: AddrScope::from_raw(scope),
-        })
-        .collect();
+    // Its addresses (and the names of their links) change only with an
+    // address or a link of its own: the host's, one per pod veth, are
+    // copied as they were when a pod's death makes its view stale.
+    let addresses = match kept {
+        Some((built, recheck)) if !recheck.changes.own_view_of(key) => built.view.addresses.clone(),
+        _ => ns
+            .addresses
+            .iter()
+            .map(|(k, &scope)| AddressView {
+                ip: k.ip,
+                prefix_len: k.prefix_len,
+                ifindex: k.ifindex,
+                ifname: ns.links.get(&k.ifindex).and_then(|l| l.name.clone()),
+                scope: AddrScope::from_raw(scope),
+            })
+            .collect(),
+    };
     let routes = resolver.routes_into.get(&key).map_or(&[][..], Vec::as_slice);
     let host_routes = routes.iter().map(|&(dst, _)| dst).collect();
     let reads = placed.iter().flatten().copied().chain(routes.iter().map(|&(_, oif)| (NetnsKey::Host, oif))).collect();
@@ -377,6 +383,12 @@ impl Changes {
 
     pub(super) fn route(&mut self, route: RouteKey) {
         self.routes.insert(route);
+    }
+
+    /// Whether what `key`'s view shows of itself may have changed: its
+    /// addresses, creator, sighting or identity, or one of its links.
+    fn own_view_of(&self, key: NetnsKey) -> bool {
+        self.netns.contains(&key) || self.links.iter().any(|&(k, _)| k == key)
     }
 
     fn is_empty(&self) -> bool {
