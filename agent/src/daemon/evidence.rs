@@ -1051,7 +1051,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![view(77, 2, 30, None, None).into(), view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         };
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
@@ -1074,7 +1074,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![view(77, 1, 5, Some(20), Some("10.0.0.2")).into()],
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         };
         let cache = vec![std::sync::Arc::new(CachedAttachment {
@@ -1109,7 +1109,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(3600),
             netns: vec![only_nsid.into()],
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         };
         let cache = vec![std::sync::Arc::new(CachedAttachment {
@@ -1149,7 +1149,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![view(77, 2, 20, None, None).into(), view(77, 1, 5, Some(21), None).into()],
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         };
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
@@ -1201,7 +1201,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(13),
             netns: vec![gone.into()],
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         };
         let obs = observations(&snapshot, &ledger, &[], Some(t(0)), None);
@@ -1241,7 +1241,7 @@ mod tests {
                     sealed: SealedViews::NONE,
                     taken_at: t(40),
                     netns: netns.into_iter().map(std::sync::Arc::new).collect(),
-                    host_routes: Vec::new(),
+                    host_routes: std::sync::Arc::default(),
                     stats: ModelStats::default(),
                 };
             let index = Incarnations::new(&snapshot);
@@ -1344,7 +1344,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(40),
             netns: vec![std::sync::Arc::new(view)],
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         }
     }
@@ -1713,7 +1713,7 @@ mod tests {
             let chunks = run.chunks(2).map(|c| std::sync::Arc::new(SealedChunk::new(c.iter().copied()))).collect();
             let sealed = SealedViews::new(chunks, start, usize::from(forgotten.is_some())).expect("skip inside chunk");
             assert_eq!(sealed.covered(), start..netns.len());
-            ModelSnapshot { sealed, taken_at: t(40), netns, host_routes: Vec::new(), stats: ModelStats::default() }
+            ModelSnapshot { sealed, taken_at: t(40), netns, host_routes: std::sync::Arc::default(), stats: ModelStats::default() }
         }
 
         fn with_extra(mut obs: Observations, extra: &[DeadNetns]) -> Observations {

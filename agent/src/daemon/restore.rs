@@ -185,7 +185,7 @@ mod tests {
             sealed: SealedViews::NONE,
             taken_at: t(100),
             netns: views.into_iter().map(std::sync::Arc::new).collect(),
-            host_routes: Vec::new(),
+            host_routes: std::sync::Arc::default(),
             stats: ModelStats::default(),
         }
     }

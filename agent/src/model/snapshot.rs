@@ -288,7 +288,8 @@ pub struct ModelSnapshot {
     pub netns: Vec<Arc<NetnsView>>,
     /// Which of `netns` (the dead) are indexed once for every snapshot.
     pub sealed: SealedViews,
-    pub host_routes: Vec<HostRouteView>,
+    /// Shared with the model until the routes or what they lead into change.
+    pub host_routes: Arc<[HostRouteView]>,
     pub stats: ModelStats,
 }
 
@@ -318,7 +319,7 @@ impl Serialize for ModelSnapshot {
         let mut st = s.serialize_struct("ModelSnapshot", 4)?;
         st.serialize_field("taken_at", &rfc3339(self.taken_at))?;
         st.serialize_field("netns", &AgedViews { views: &self.netns, at: self.taken_at })?;
-        st.serialize_field("host_routes", &self.host_routes)?;
+        st.serialize_field("host_routes", &*self.host_routes)?;
         st.serialize_field("stats", &self.stats)?;
         st.end()
     }

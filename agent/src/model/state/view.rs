@@ -349,7 +349,7 @@ pub(super) fn fresh_snapshot(
     );
     let sealed = dead.sealed(netns.len());
     netns.extend(dead.views.iter().cloned());
-    ModelSnapshot { taken_at: now, netns, sealed, host_routes: host_routes(registry, &resolver), stats }
+    ModelSnapshot { taken_at: now, netns, sealed, host_routes: host_routes(registry, &resolver).into(), stats }
 }
 
 /// What changed in the registry since the views were last brought up to
@@ -385,6 +385,12 @@ impl Changes {
         self.routes.insert(route);
     }
 
+    /// Whether what a view shows of other netns may have changed: a link,
+    /// an identity or a host route changed.
+    fn shows_others(&self) -> bool {
+        !self.links.is_empty() || !self.identities.is_empty() || !self.routes.is_empty()
+    }
+
     /// Whether what `key`'s view shows of itself may have changed: its
     /// addresses, creator, sighting or identity, or one of its links.
     fn own_view_of(&self, key: NetnsKey) -> bool {
@@ -415,7 +421,7 @@ pub(super) struct Views {
     readers: Map<NetnsKey, Map<u32, Set<NetnsKey>>>,
     /// Views with a link that names an nsid no netns held when built.
     unresolved: Set<NetnsKey>,
-    host_routes: Vec<HostRouteView>,
+    host_routes: Arc<[HostRouteView]>,
 }
 
 impl Views {
@@ -510,7 +516,8 @@ impl Views {
             return;
         }
         let mut stale = self.stale(registry, changes);
-        if self.built.is_empty() {
+        let first = self.built.is_empty();
+        if first {
             stale.insert(NetnsKey::Host);
             stale.extend(registry.records().map(|(id, _)| NetnsKey::Record(id)));
         }
@@ -530,9 +537,12 @@ impl Views {
             self.keep(key, ns, registry, viewed);
         }
         // Which netns a host route leads into can change with a link of any
-        // netns (a peer placed from the other end): any change rebuilds them
-        // (O(host routes), the host's own table).
-        self.host_routes = host_routes(registry, &resolver);
+        // netns (a peer placed from the other end) or an identity: such a
+        // change rebuilds them (O(host routes), the host's own table). An
+        // address or a sighting does not.
+        if first || changes.shows_others() {
+            self.host_routes = host_routes(registry, &resolver).into();
+        }
     }
 
     /// The whole model at `now`: the agent's own netns, the live ones by
@@ -556,7 +566,7 @@ impl Views {
         );
         let sealed = dead.sealed(netns.len());
         netns.extend(dead.views.iter().cloned());
-        ModelSnapshot { taken_at: now, netns, sealed, host_routes: self.host_routes.clone(), stats }
+        ModelSnapshot { taken_at: now, netns, sealed, host_routes: Arc::clone(&self.host_routes), stats }
     }
 }
 
