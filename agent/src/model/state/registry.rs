@@ -350,6 +350,11 @@ impl Registry {
         }
     }
 
+    /// What changed since the views were last brought up to date.
+    pub(super) fn changes(&self) -> &Changes {
+        &self.changes
+    }
+
     /// What changed since the last call (for the views).
     pub(super) fn take_changes(&mut self) -> Changes {
         std::mem::take(&mut self.changes)
