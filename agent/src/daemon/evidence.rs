@@ -1713,7 +1713,13 @@ mod tests {
             let chunks = run.chunks(2).map(|c| std::sync::Arc::new(SealedChunk::new(c.iter().copied()))).collect();
             let sealed = SealedViews::new(chunks, start, usize::from(forgotten.is_some())).expect("skip inside chunk");
             assert_eq!(sealed.covered(), start..netns.len());
-            ModelSnapshot { sealed, taken_at: t(40), netns, host_routes: std::sync::Arc::default(), stats: ModelStats::default() }
+            ModelSnapshot {
+                sealed,
+                taken_at: t(40),
+                netns,
+                host_routes: std::sync::Arc::default(),
+                stats: ModelStats::default(),
+            }
         }
 
         fn with_extra(mut obs: Observations, extra: &[DeadNetns]) -> Observations {

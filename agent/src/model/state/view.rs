@@ -518,7 +518,13 @@ impl Views {
     /// The view of record `id` as it dies at `at` (see [`dying`]): the one
     /// kept, when nothing changed since that may change it (a pod's death
     /// usually comes first after a quiet while), else built anew.
-    pub(super) fn dying(&self, registry: &Registry, id: RecordId, source: DeathSource, at: SystemTime) -> Option<NetnsView> {
+    pub(super) fn dying(
+        &self,
+        registry: &Registry,
+        id: RecordId,
+        source: DeathSource,
+        at: SystemTime,
+    ) -> Option<NetnsView> {
         let key = NetnsKey::Record(id);
         let kept = self.built.get(&key).filter(|_| !self.stale(registry, registry.changes()).contains(&key));
         let Some(built) = kept else {
