@@ -64,7 +64,7 @@ pub(super) struct Applied {
 /// own (`LinkNetns::Same`), or an nsid in the agent's numbering. A link
 /// that names neither (`LinkNetns::Unverified`) places nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(super) enum Named {
+enum Named {
     Netns(NetnsKey),
     Nsid(i32),
 }
