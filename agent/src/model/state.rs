@@ -438,7 +438,7 @@ impl Model {
     /// that cannot tell the time, the earliest it can have happened).
     fn die(&mut self, id: RecordId, source: DeathSource, at: SystemTime) {
         // The view needs the record still in place to name its peers.
-        let Some(view) = self.views.dying(&self.registry, id, source, at) else {
+        let Some(view) = view::dying(&self.registry, id, source, at) else {
             return;
         };
         self.registry.remove(id, source);

@@ -350,11 +350,6 @@ impl Registry {
         }
     }
 
-    /// What changed since the views were last brought up to date.
-    pub(super) fn changes(&self) -> &Changes {
-        &self.changes
-    }
-
     /// What changed since the last call (for the views).
     pub(super) fn take_changes(&mut self) -> Changes {
         std::mem::take(&mut self.changes)

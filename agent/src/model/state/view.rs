@@ -290,23 +290,18 @@ impl<'c> Recheck<'c> {
 
 /// The view of record `id` as it dies at `at`, taken while it is still in
 /// the registry (its peers are named through it); `None` if it is not
-/// alive. Built anew (the reference for [`Views::dying`]).
+/// alive.
 pub(super) fn dying(registry: &Registry, id: RecordId, source: DeathSource, at: SystemTime) -> Option<NetnsView> {
     let rec = registry.record(id)?;
     let resolver = Resolver::new(registry, |k| k == NetnsKey::Record(id));
-    let Viewed { view, .. } = view(registry, &resolver, NetnsKey::Record(id), rec, None);
-    Some(as_dead(view, rec, source, at))
-}
-
-/// A live view as its netns dies.
-fn as_dead(mut view: NetnsView, rec: &Netns, source: DeathSource, at: SystemTime) -> NetnsView {
+    let Viewed { mut view, .. } = view(registry, &resolver, NetnsKey::Record(id), rec, None);
     view.alive = false;
     if view.bind_mounts.is_empty() {
         view.bind_mounts.clone_from(&rec.last_mounts);
     }
     view.died_at = Some(at);
     view.death_source = Some(source);
-    view
+    Some(view)
 }
 
 fn host_routes(registry: &Registry, resolver: &Resolver) -> Vec<HostRouteView> {
@@ -513,27 +508,6 @@ impl Views {
             self.unresolved.remove(&key);
         }
         self.built.insert(key, Built { view: Arc::new(view), placed, reads });
-    }
-
-    /// The view of record `id` as it dies at `at` (see [`dying`]): the one
-    /// kept, when nothing changed since that may change it (a pod's death
-    /// usually comes first after a quiet while), else built anew.
-    pub(super) fn dying(
-        &self,
-        registry: &Registry,
-        id: RecordId,
-        source: DeathSource,
-        at: SystemTime,
-    ) -> Option<NetnsView> {
-        let key = NetnsKey::Record(id);
-        let kept = self.built.get(&key).filter(|_| !self.stale(registry, registry.changes()).contains(&key));
-        let Some(built) = kept else {
-            return dying(registry, id, source, at);
-        };
-        let rec = registry.record(id)?;
-        let view = as_dead(NetnsView::clone(&built.view), rec, source, at);
-        debug_assert_eq!(Some(&view), dying(registry, id, source, at).as_ref(), "a kept view differs from a fresh one");
-        Some(view)
     }
 
     /// Rebuilds the views `changes` may have changed.
