@@ -407,13 +407,24 @@ impl Ledger {
                 let inherited = exec.nested_in.filter(|_| !truncated).and_then(|parent| {
                     self.parent_resolution(parent, &container_id, &exec.command.value, netns_path.as_deref()?)
                 });
+                // Any run but an ADD (a DEL, a CHECK) naming the path its
+                // container is bound to, by a run's resolution not known
+                // to have died, leaves that binding as it is, unresolved:
+                // only an ADD configures a netns, so only an ADD's netns
+                // can hold the container's addresses (see `kept_binding`).
+                let kept = (exec.command.value != "ADD" && !truncated)
+                    .then(|| self.kept_binding(&container_id, netns_path.as_deref()?))
+                    .flatten();
                 // An ADD's netns is usually new, without an nsid yet; any
                 // other run's was given one by the ADD's resolution.
                 let guess = if exec.command.value == "ADD" { Guess::Unassigned } else { Guess::Assigned };
-                let (netns_inode, netns_nsid) = inherited.map_or_else(
-                    || netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess)),
-                    |(inode, nsid)| (Some(inode), Some(nsid)),
-                );
+                let (netns_inode, netns_nsid) = match (kept, inherited) {
+                    (Some(_), _) => (None, None),
+                    (None, Some((inode, nsid))) => (Some(inode), Some(nsid)),
+                    (None, None) => {
+                        netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess))
+                    }
+                };
                 self.evict_if_full();
                 let slot = match self.by_container.get(&container_id) {
                     Some(&slot) => slot,
@@ -434,7 +445,7 @@ impl Ledger {
                 self.bind(slot, at, netns_path.as_ref(), (netns_inode, netns_nsid), ifname.as_ref());
                 // A process exec'ing a second CNI binary (a plugin delegating
                 // to IPAM by exec, rare) finishes its first operation.
-                let run = Run { container: container_id.clone(), netns: netns_inode.zip(netns_nsid) };
+                let run = Run { container: container_id.clone(), netns: kept.or(netns_inode.zip(netns_nsid)) };
                 if let Some(previous) = self.running.insert(task.tgid, run)
                     && let Some(prev) = self.attachment_mut(&previous.container)
                 {
@@ -732,6 +743,22 @@ impl Ledger {
     /// The resolution of `path` that the run of process `parent`, in
     /// flight, made for the same operation (container, command and path,
     /// none of them cut), if it resolved both inode and nsid.
+    /// The binding (inode, nsid) that a run other than an ADD naming
+    /// `path` for `container` leaves as it is: one a run's own resolution
+    /// of the same path made (not restored from an earlier agent: a pinned
+    /// binding is resolved anew, as before), whose netns the kernel has not
+    /// said died. Resolving again would find that netns, or, if the path
+    /// was mounted over meanwhile, a netns this run may tear down but no
+    /// run of the container configured: its addresses are the ADD's, in
+    /// the netns the ADD resolved (a later ADD binds anew). After a death,
+    /// the path is resolved again, as every run's was before.
+    fn kept_binding(&self, container: &str, path: &str) -> Option<(u64, i32)> {
+        let a = self.get(container)?;
+        let resolved = a.netns_inode.zip(a.netns_nsid)?;
+        (a.netns_path.as_deref() == Some(path) && a.netns_bound_at.is_some() && a.pinned.is_none() && a.died.is_none())
+            .then_some(resolved)
+    }
+
     fn parent_resolution(&self, parent: u32, container: &str, command: &str, path: &str) -> Option<(u64, i32)> {
         let run = self.running.get(&parent)?;
         let resolved = run.netns.filter(|_| run.container == container)?;
@@ -1038,11 +1065,11 @@ mod tests {
     fn a_nested_run_takes_its_parent_runs_resolution() {
         let mut l = Ledger::new();
         let first = Counting::new(77, 5);
-        l.observe(&exec(10, 1, "DEL", "c1"), wall, &first);
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &first);
         assert_eq!(first.calls.get(), 1);
         let later = Counting::new(88, 6);
-        l.observe(&nested_in(exec(11, 2, "DEL", "c1"), 10), wall, &later);
-        l.observe(&nested_in(exec(12, 3, "DEL", "c1"), 11), wall, &later);
+        l.observe(&nested_in(exec(11, 2, "ADD", "c1"), 10), wall, &later);
+        l.observe(&nested_in(exec(12, 3, "ADD", "c1"), 11), wall, &later);
         assert_eq!(later.calls.get(), 0, "resolved nothing");
         let a = l.get("c1").unwrap();
         assert_eq!((a.netns_inode, a.netns_nsid, a.netns_bound_at), (Some(77), Some(5), Some(wall(3))));
@@ -1096,6 +1123,84 @@ mod tests {
         exec.ifname = Some(CniValue { value: "eth".into(), truncated: true });
         l.observe(&KernelEvent::CniExec { task, exec }, wall, &own);
         assert_eq!(own.calls.get(), 1, "a cut nested run");
+    }
+
+    /// A DEL or CHECK naming the path its container's ADD resolved leaves
+    /// that binding as it was, dated by the ADD, without resolving the path
+    /// again (here it would now resolve to another netns); its nested runs
+    /// too. A later ADD resolves and binds anew.
+    #[test]
+    fn a_run_other_than_an_add_keeps_the_binding_its_path_has() {
+        let mut l = Ledger::new();
+        let add = Counting::new(77, 5);
+        l.observe(&exec(10, 1, "ADD", "c1"), wall, &add);
+        l.observe(&exit(10, 2, 0), wall, &add);
+        let later = Counting::new(88, 6);
+        l.observe(&exec(11, 3, "CHECK", "c1"), wall, &later);
+        l.observe(&exit(11, 4, 0), wall, &later);
+        l.observe(&exec(12, 5, "DEL", "c1"), wall, &later);
+        l.observe(&nested_in(exec(13, 6, "DEL", "c1"), 12), wall, &later);
+        assert_eq!(later.calls.get(), 0, "resolved nothing");
+        let a = l.get("c1").unwrap();
+        assert_eq!((a.netns_inode, a.netns_nsid, a.netns_bound_at), (Some(77), Some(5), Some(wall(1))));
+        assert_eq!(a.operations.iter().map(|op| op.pid).collect::<Vec<_>>(), [10, 11, 12, 13]);
+        l.observe(&exit(13, 7, 0), wall, &later);
+        l.observe(&exit(12, 8, 0), wall, &later);
+        l.observe(&exec(14, 9, "ADD", "c1"), wall, &later);
+        assert_eq!(later.calls.get(), 1, "an ADD resolves");
+        let a = l.get("c1").unwrap();
+        assert_eq!((a.netns_inode, a.netns_nsid, a.netns_bound_at), (Some(88), Some(6), Some(wall(9))));
+    }
+
+    /// A DEL resolves its path, as every run did before, when the binding
+    /// is not one a run's resolution of that path made and that still
+    /// stands: none yet (the agent started after the ADD), another path,
+    /// no nsid resolved, a binding restored from an earlier agent, or one
+    /// whose netns the kernel said died; and when a value of the DEL was cut.
+    #[test]
+    fn a_run_other_than_an_add_resolves_unless_a_standing_binding_names_its_path() {
+        type Setup = fn(&mut Ledger);
+        let add: Setup = |l| {
+            l.observe(&exec(10, 1, "ADD", "c1"), wall, &Counting::new(77, 5));
+        };
+        let cases: [(&str, Setup); 6] = [
+            ("no binding yet", |_| {}),
+            ("another path", |l| {
+                l.observe(&with_netns(exec(10, 1, "ADD", "c1"), "/var/run/netns/cni-2"), wall, &Counting::new(77, 5));
+            }),
+            ("no nsid", |l| {
+                l.observe(&exec(10, 1, "ADD", "c1"), wall, &FixedResolver(Some(77)));
+            }),
+            ("restored", |l| {
+                l.observe(&exec(10, 1, "ADD", "c1"), wall, &Counting::new(77, 5));
+                let mut a = l.get("c1").unwrap().clone();
+                a.pinned = Some(crate::identity::NetnsId::new(Some(77), Some(5), Some(wall(1))));
+                let mut restored = Ledger::new();
+                restored.restore(vec![a]);
+                *l = restored;
+            }),
+            ("died", |l| {
+                l.observe(&exec(10, 1, "ADD", "c1"), wall, &Counting::new(77, 5));
+                let id = crate::identity::NetnsId::new(Some(77), Some(5), Some(wall(1)));
+                l.netns_died(&["c1".to_owned()], (id, wall(2)), |_| true);
+            }),
+            ("the DEL's value cut", add),
+        ];
+        for (what, setup) in cases {
+            let mut l = Ledger::new();
+            setup(&mut l);
+            let del = Counting::new(88, 6);
+            let mut event = exec(11, 3, "DEL", "c1");
+            if what == "the DEL's value cut"
+                && let KernelEvent::CniExec { exec, .. } = &mut event
+            {
+                exec.ifname = Some(CniValue { value: "eth".into(), truncated: true });
+            }
+            l.observe(&event, wall, &del);
+            assert_eq!(del.calls.get(), 1, "{what}");
+            let a = l.get("c1").unwrap();
+            assert_eq!((a.netns_inode, a.netns_nsid, a.netns_bound_at), (Some(88), Some(6), Some(wall(3))), "{what}");
+        }
     }
 
     #[test]
