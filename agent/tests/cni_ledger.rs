@@ -175,7 +175,8 @@ fn a_nested_ipam_run_takes_its_plugins_resolution() {
             assert_eq!(nested, [(add, None), (add_ipam, Some(add)), (del, None), (del_ipam, Some(del))], "{scan}");
             let resolving: Vec<u32> =
                 resolver.pids.borrow().iter().copied().filter(|p| [add, add_ipam, del, del_ipam].contains(p)).collect();
-            assert_eq!(resolving, [add, del], "{scan}: only the bridge runs resolved");
+            // The DEL names the path the ADD resolved: it keeps that binding.
+            assert_eq!(resolving, [add], "{scan}: only the bridge's ADD resolved");
             let fd = std::fs::File::open(&pod.path).expect("opens the pod's netns");
             let nsid = netreap::netlink::query::Querier::open()
                 .expect("a socket")
@@ -183,8 +184,10 @@ fn a_nested_ipam_run_takes_its_plugins_resolution() {
                 .expect("asks");
             assert!(nsid.is_some(), "{scan}: the ADD's resolution gave the netns an nsid");
             assert_eq!((a.netns_inode, a.netns_nsid), (Some(inode), nsid), "{scan}");
-            let del_started = a.operations[3].started_at;
-            assert_eq!(a.netns_bound_at, Some(del_started), "{scan}: dated by the last run bound");
+            // Dated by the last run that bound it: the ADD's host-local,
+            // with the bridge's resolution; the DELs left it as it was.
+            let add_ipam_started = a.operations[1].started_at;
+            assert_eq!(a.netns_bound_at, Some(add_ipam_started), "{scan}: dated by the ADD's nested run");
         }
     });
 }
