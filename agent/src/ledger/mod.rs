@@ -397,16 +397,6 @@ impl Ledger {
                     || exec.container_id.as_ref().is_some_and(|v| v.truncated)
                     || exec.netns.as_ref().is_some_and(|v| v.truncated)
                     || exec.ifname.as_ref().is_some_and(|v| v.truncated);
-                // A nested run (bridge's host-local) takes its parent run's
-                // resolution of the same path: made when the parent's
-                // record was read, never later than this one's would be
-                // (the parent exec'd first, so its record is ahead in the
-                // ring), so no further from the netns the operation used.
-                // Only that run's own resolution, never one found by path
-                // or inode: a path or inode may name a new netns since.
-                let inherited = exec.nested_in.filter(|_| !truncated).and_then(|parent| {
-                    self.parent_resolution(parent, &container_id, &exec.command.value, netns_path.as_deref()?)
-                });
                 // Any run but an ADD (a DEL, a CHECK) naming the path its
                 // container is bound to, by a run's resolution not known
                 // to have died, leaves that binding as it is, unresolved:
@@ -415,15 +405,27 @@ impl Ledger {
                 let kept = (exec.command.value != "ADD" && !truncated)
                     .then(|| self.kept_binding(&container_id, netns_path.as_deref()?))
                     .flatten();
+                // A nested run (bridge's host-local) takes its parent run's
+                // resolution of the same path: made when the parent's
+                // record was read, never later than this one's would be
+                // (the parent exec'd first, so its record is ahead in the
+                // ring), so no further from the netns the operation used.
+                // Only that run's own resolution, never one found by path
+                // or inode: a path or inode may name a new netns since.
+                let inherited = || {
+                    exec.nested_in.filter(|_| !truncated).and_then(|parent| {
+                        self.parent_resolution(parent, &container_id, &exec.command.value, netns_path.as_deref()?)
+                    })
+                };
                 // An ADD's netns is usually new, without an nsid yet; any
                 // other run's was given one by the ADD's resolution.
                 let guess = if exec.command.value == "ADD" { Guess::Unassigned } else { Guess::Assigned };
-                let (netns_inode, netns_nsid) = match (kept, inherited) {
-                    (Some(_), _) => (None, None),
-                    (None, Some((inode, nsid))) => (Some(inode), Some(nsid)),
-                    (None, None) => {
-                        netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess))
-                    }
+                let (netns_inode, netns_nsid) = match kept {
+                    Some(_) => (None, None),
+                    None => inherited().map_or_else(
+                        || netns_path.as_deref().map_or((None, None), |p| resolver.resolve(p, Some(task.tgid), guess)),
+                        |(inode, nsid)| (Some(inode), Some(nsid)),
+                    ),
                 };
                 self.evict_if_full();
                 let slot = match self.by_container.get(&container_id) {
@@ -740,9 +742,6 @@ impl Ledger {
         self.forget_dead(now, max_age, |a| a.died.is_some())
     }
 
-    /// The resolution of `path` that the run of process `parent`, in
-    /// flight, made for the same operation (container, command and path,
-    /// none of them cut), if it resolved both inode and nsid.
     /// The binding (inode, nsid) that a run other than an ADD naming
     /// `path` for `container` leaves as it is: one a run's own resolution
     /// of the same path made (not restored from an earlier agent: a pinned
@@ -759,6 +758,9 @@ impl Ledger {
             .then_some(resolved)
     }
 
+    /// The resolution of `path` that the run of process `parent`, in
+    /// flight, made for the same operation (container, command and path,
+    /// none of them cut), if it resolved both inode and nsid.
     fn parent_resolution(&self, parent: u32, container: &str, command: &str, path: &str) -> Option<(u64, i32)> {
         let run = self.running.get(&parent)?;
         let resolved = run.netns.filter(|_| run.container == container)?;
