@@ -16,7 +16,7 @@ use crate::{
     },
     fast::{Filed, Map, sized_map},
     identity::NetnsId,
-    ipam::{SharedStr, cnicache::CachedAttachment},
+    ipam::{Reservation, SharedStr, cnicache::CachedAttachment},
     ledger::{
         Attachment, Ledger,
         bindings::{Slot, binding_time},
@@ -462,7 +462,11 @@ impl Iterator for Ascending<'_> {
     }
 }
 
-/// The containers a netns that just died was bound to (for its death event).
+/// The containers a netns that just died was bound to (for its death event
+/// and the ledger's marks): the attachments looked up in the ledger's
+/// binding index ([`pass::bound_to`]: under churn the ledger holds thousands
+/// of earlier pods' runs), and the cache entries at one of its paths. The
+/// same answer as [`containers_walked`] (tested).
 #[must_use]
 pub fn containers_of_death(
     ledger: &Ledger,
@@ -470,7 +474,15 @@ pub fn containers_of_death(
     death: &NetnsDeath,
 ) -> Vec<String> {
     let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
-    containers_walked(ledger, cache, &life, &death.bind_mounts)
+    let mut ids: Vec<String> = pass::bound_to(ledger, &life).map(|a| a.container_id.clone()).collect();
+    for entry in cache {
+        if entry.netns.as_deref().is_some_and(|p| death.bind_mounts.iter().any(|m| same_netns_path(m, Path::new(p)))) {
+            ids.push(entry.container_id.clone());
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    ids
 }
 
 /// What `ContainerIndex::containers_of` answers for one incarnation, without
@@ -541,6 +553,41 @@ pub struct Concern {
 }
 
 impl Concern {
+    /// What a full pass judges: every reservation's container and IP, and
+    /// every sandbox the runtime lists (its stuck sandboxes are found among
+    /// them).
+    #[must_use]
+    pub fn of_reservations<'r>(
+        reservations: impl IntoIterator<Item = &'r Reservation>,
+        runtime: Option<&crate::engine::RuntimeView>,
+    ) -> Self {
+        let mut concern = Self::default();
+        for r in reservations {
+            // A container holds a reservation in each of its networks: its ID
+            // is copied once.
+            if !concern.containers.contains(r.container_id.as_str()) {
+                concern.containers.insert(r.container_id.to_string());
+            }
+            concern.ips.insert(r.ip);
+        }
+        if let Some(view) = runtime {
+            concern.containers.extend(view.sandboxes.keys().cloned());
+        }
+        concern
+    }
+
+    /// This concern with the runtime's sandbox paths of its containers: the
+    /// engine asks which live netns is at each.
+    #[must_use]
+    pub fn with_sandboxes(&self, runtime: Option<&crate::engine::RuntimeView>) -> Self {
+        let mut c = self.clone();
+        if let Some(view) = runtime {
+            c.sandbox_paths =
+                self.containers.iter().filter_map(|id| view.sandboxes.get(id).and_then(|s| s.netns.clone())).collect();
+        }
+        c
+    }
+
     /// Up to this many containers, a concern is searched by comparing with
     /// each (see [`Self::has_container`]).
     const FEW: usize = 8;
@@ -1329,7 +1376,9 @@ mod tests {
                 first_seen: t(first),
                 creator: None,
             };
-            let walked = containers_of_death(&ledger, &cache, &death);
+            let life = Life { id: death.id(), first_seen: death.first_seen, died_at: Some(death.at) };
+            let walked = containers_walked(&ledger, &cache, &life, &death.bind_mounts);
+            prop_assert_eq!(&walked, &containers_of_death(&ledger, &cache, &death));
             prop_assert_eq!(&walked, &containers_of_death_indexed(&ledger, &cache, &death));
             let snapshot = snapshot_with(dead_view(&death));
             let life = Life::of(&snapshot.netns[0]);
@@ -1397,14 +1446,16 @@ mod tests {
         ledger
     }
 
-    /// The containers of `death` by each lookup: the walk (the death's event
-    /// and the ledger's), the container index (the whole node's
-    /// observations) and the pass index (the death path's observations).
-    fn containers_by_each_lookup(ledger: &Ledger, death: &NetnsDeath) -> [(&'static str, Vec<String>); 3] {
+    /// The containers of `death` by each lookup: the walk, the ledger's
+    /// binding index (the death's event and the ledger's marks), the
+    /// container index (the whole node's observations) and the pass index
+    /// (the death path's observations).
+    fn containers_by_each_lookup(ledger: &Ledger, death: &NetnsDeath) -> [(&'static str, Vec<String>); 4] {
         let snapshot = snapshot_with(dead_view(death));
         let life = Life::of(&snapshot.netns[0]);
         [
-            ("walked", containers_of_death(ledger, &[], death)),
+            ("walked", containers_walked(ledger, &[], &life, &death.bind_mounts)),
+            ("the ledger's index", containers_of_death(ledger, &[], death)),
             ("indexed", containers_of_death_indexed(ledger, &[], death)),
             ("pass index", PassIndex::new(&snapshot, ledger, &[]).containers_of(&life, &[])),
         ]
@@ -1864,6 +1915,80 @@ mod tests {
                 for n in full.dead.iter().filter(|n| tied(&n.container_ids, &n.addresses)) {
                     prop_assert!(part.dead.contains(n), "{n:?} left out");
                 }
+            }
+
+            /// A full pass's observations, built for every reservation and
+            /// every sandbox the runtime lists ([`Concern::of_reservations`])
+            /// rather than for every netns, run and cache entry of the node,
+            /// give every reservation the whole node's verdict, and the same
+            /// stuck sandboxes.
+            #[test]
+            fn observations_for_every_reservation_give_the_whole_nodes_verdicts(
+                (views, ledger, cache, extra) in a_node(),
+                reserved in prop::collection::vec((0usize..6, 1u8..5, 0u64..30), 0..6),
+                sandboxes in prop::collection::vec(
+                    (0usize..6, any::<bool>(), prop::option::of(0usize..3), prop::option::of(any::<bool>())),
+                    0..4,
+                ),
+                listed in any::<bool>(),
+                watching in prop::option::of(0u64..30),
+                now in 0u64..60,
+            ) {
+                use crate::engine::{RuntimeSandbox, RuntimeView, SandboxState, runtime::stuck_sandboxes};
+                let snapshot = snapshot_of(views);
+                let first_seen: FirstSeen = cache.iter().map(|e| (e.path.clone(), t(5))).collect();
+                let runtime = listed.then(|| RuntimeView {
+                    runtime: "test".into(),
+                    listed_at: t(20),
+                    sandboxes: sandboxes
+                        .iter()
+                        .map(|&(c, ready, path, closed)| {
+                            let sandbox = RuntimeSandbox {
+                                id: CIDS[c].to_owned(),
+                                state: if ready { SandboxState::Ready } else { SandboxState::NotReady },
+                                pod: None,
+                                netns: path.map(|p| PathBuf::from(PATHS[p])),
+                                netns_closed: closed,
+                            };
+                            (CIDS[c].to_owned(), sandbox)
+                        })
+                        .collect(),
+                    networks: None,
+                    departed: std::collections::BTreeMap::new(),
+                });
+                let reservations: Vec<Reservation> = reserved
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(c, n, at))| {
+                        Reservation::from(ReservationData {
+                            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
+                            network: format!("n{i}").into(),
+                            ip: ip(n),
+                            container_id: CIDS[c].into(),
+                            ifname: Some("eth0".into()),
+                            created_at: t(at),
+                            path: format!("/d/n{i}/{}", ip(n)).into(),
+                            inode: 1,
+                        })
+                    })
+                    .collect();
+                let watching = watching.map(t);
+                let completed = |mut obs: Observations| {
+                    obs.dead.extend(extra.iter().cloned());
+                    obs.set_runtime(runtime.clone());
+                    obs
+                };
+                let full = completed(observations(&snapshot, &ledger, &cache, watching, Some(&first_seen)));
+                let concern = Concern::of_reservations(&reservations, runtime.as_ref()).with_sandboxes(runtime.as_ref());
+                let part = completed(observations_in(
+                    &snapshot, &ledger, &cache, watching, Some(&first_seen), Scope::Concerning(&concern),
+                ));
+                let policy = Policy::default();
+                prop_assert_eq!(
+                    decide(&part, &reservations, t(now), &policy),
+                    decide(&full, &reservations, t(now), &policy)
+                );
+                prop_assert_eq!(stuck_sandboxes(&part), stuck_sandboxes(&full));
             }
 
             /// The pass index's answers are exactly the walks': a death's

@@ -119,19 +119,13 @@ impl Agent {
     /// Reconciles and reports.
     pub(super) async fn reconcile(&mut self, reason: Reason) -> anyhow::Result<()> {
         let started = Instant::now();
-        let (obs, observed) = self.observe().await?;
-        self.reconcile_observed(reason, started, obs, observed).await
-    }
-
-    /// A full reconcile on observations already taken.
-    async fn reconcile_observed(
-        &mut self,
-        reason: Reason,
-        started: Instant,
-        obs: Observations,
-        observed: Observed,
-    ) -> anyhow::Result<()> {
-        let reconciled = self.reconcile_quietly(reason, started, obs, observed).await?;
+        // The sources first, then the stores (the order the death path reads
+        // them in): a reservation made after the snapshot is judged without
+        // its netns, which keeps it.
+        let sources = self.gather().await?;
+        let scan = self.scan_stores().await?;
+        let (obs, observed) = self.observe_reserved(sources, &scan);
+        let reconciled = self.reconcile_quietly(reason, started, obs, observed, scan).await?;
         let waiting = triggers::Waiting::of(&reconciled.verdicts);
         self.triggers.reconciled(reconciled.requeue, waiting, self.ledger.any_running());
         self.triggers.full_pass_took(reconciled.started.elapsed());
@@ -215,11 +209,12 @@ impl Agent {
             // no longer knows may be any netns of their inode).
             Observations { watching_since: watching, ..Observations::default() }
         } else {
-            let sandboxed = with_sandboxes(&concern, sources.runtime.as_ref());
+            let sandboxed = concern.with_sandboxes(sources.runtime.as_ref());
             index.observations_with(watching, first_seen, &sandboxed, runs)
         };
         drop(index);
-        let obs = self.completed(obs, &sources, sources.runtime.clone());
+        self.scan_pools(&sources);
+        let obs = self.completed(obs, sources.runtime.clone());
         let now = SystemTime::now();
         let verdicts = decide(&obs, &reservations, now, &self.policy);
         let changed = self.changes_among(&verdicts, &obs);
@@ -262,8 +257,8 @@ impl Agent {
         started: Instant,
         obs: Observations,
         observed: Observed,
+        mut scan: StoreScan,
     ) -> anyhow::Result<Reconciled> {
-        let mut scan = self.scan_stores().await?;
         let now = SystemTime::now();
         let mut verdicts = decide(&obs, &scan.reservations, now, &self.policy);
         // whereabouts verdicts follow the host-local ones; each store's
@@ -316,9 +311,33 @@ impl Agent {
     }
 
     /// The whole node's observations from these sources.
-    fn observe_all(&mut self, mut sources: Sources) -> (Observations, Observed) {
+    fn observe_all(&mut self, sources: Sources) -> (Observations, Observed) {
+        self.scan_pools(&sources);
+        self.observed(sources, None)
+    }
+
+    /// The observations a full pass reads, from these sources: those of the
+    /// reservations `scan` and the pools hold and of the runtime's sandboxes
+    /// ([`Concern::of_reservations`]), not of every netns, run and cache
+    /// entry of the node's recent history. A verdict reads only its own
+    /// reservation's part of the observations (the death path's premise), so
+    /// the verdicts and stuck sandboxes are the whole node's (property-tested:
+    /// `observations_for_every_reservation_give_the_whole_nodes_verdicts`),
+    /// at a cost in proportion to the node's reservations, not to its
+    /// history (under pod churn thousands of dead netns and runs).
+    fn observe_reserved(&mut self, sources: Sources, scan: &StoreScan) -> (Observations, Observed) {
+        self.scan_pools(&sources);
+        let pools = self.kube.as_ref().map_or(&[][..], |k| k.reservations());
+        let concern = Concern::of_reservations(scan.reservations.iter().chain(pools), sources.runtime.as_ref());
+        self.observed(sources, Some(&concern))
+    }
+
+    /// The observations of `concern` (None: the whole node's), and what
+    /// else observing found.
+    fn observed(&mut self, mut sources: Sources, concern: Option<&Concern>) -> (Observations, Observed) {
         let runtime = sources.runtime.take();
-        let obs = self.observations(&sources, runtime, Scope::All);
+        let scope = concern.map_or(Scope::All, Scope::Concerning);
+        let obs = self.observations(&sources, runtime, scope);
         let stuck = self.runtime.stuck_changes(&obs);
         let runtime = obs.runtime.clone();
         let Sources { snapshot, source_changed, .. } = sources;
@@ -398,7 +417,7 @@ impl Agent {
         let widened;
         let scope = match scope {
             Scope::Concerning(concern) => {
-                widened = with_sandboxes(concern, runtime.as_ref());
+                widened = concern.with_sandboxes(runtime.as_ref());
                 Scope::Concerning(&widened)
             }
             Scope::All => Scope::All,
@@ -411,25 +430,29 @@ impl Agent {
             Some(&self.cache_first_seen),
             scope,
         );
-        self.completed(obs, sources, runtime)
+        self.completed(obs, runtime)
     }
 
     /// The evidence's observations with what the agent adds to them: the
     /// runtime's view, the netns that died while it was down, the earlier
     /// runs' watch windows and the Kubernetes API's pods.
-    fn completed(
-        &mut self,
-        mut obs: Observations,
-        sources: &Sources,
-        runtime: Option<crate::engine::RuntimeView>,
-    ) -> Observations {
+    fn completed(&mut self, mut obs: Observations, runtime: Option<crate::engine::RuntimeView>) -> Observations {
         obs.set_runtime(runtime);
         obs.dead.extend(self.memory.dead_while_down.iter().cloned());
         obs.watched_before = self.memory.windows.iter().map(|w| (w.since, w.until)).collect();
         if let Some(k) = self.kube.as_mut() {
-            k.observe(&mut obs, &self.ledger, &sources.cache.attachments);
+            k.observe(&mut obs);
         }
         obs
+    }
+
+    /// Scans the whereabouts pools for this node's reservations, if the
+    /// Kubernetes side is on (before the observations: [`Self::completed`]
+    /// adds the pods the scan named).
+    fn scan_pools(&mut self, sources: &Sources) {
+        if let Some(k) = self.kube.as_mut() {
+            k.scan_pools(&self.ledger, &sources.cache.attachments);
+        }
     }
 
     /// Entries that are not reservations and were not reported yet.
@@ -625,17 +648,6 @@ impl Agent {
         let bin_dirs = self.config.cni_bin_dirs.clone();
         KernelLook::new(nsids, inodes, in_flight, bin_dirs).with_mount_table(self.discovery.clone())
     }
-}
-
-/// A concern with the runtime's sandbox paths of its containers: the
-/// engine asks which live netns is at each.
-fn with_sandboxes(concern: &Concern, runtime: Option<&crate::engine::RuntimeView>) -> Concern {
-    let mut c = concern.clone();
-    if let Some(view) = runtime {
-        c.sandbox_paths =
-            concern.containers.iter().filter_map(|id| view.sandboxes.get(id).and_then(|s| s.netns.clone())).collect();
-    }
-    c
 }
 
 /// Scans every host-local store and keeps what it found for the death path

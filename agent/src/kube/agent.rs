@@ -263,9 +263,10 @@ impl KubeAgent {
         }))
     }
 
-    /// Adds the API's evidence to `obs` and scans the pools for this node's
-    /// allocations (both from the reflectors' stores: no request here).
-    pub fn observe(&mut self, obs: &mut Observations, ledger: &Ledger, cache: &[std::sync::Arc<CachedAttachment>]) {
+    /// Scans the pools for this node's allocations (from the reflector's
+    /// store: no request here). Before the observations are built: a full
+    /// pass builds them for the reservations it found ([`Self::reservations`]).
+    pub fn scan_pools(&mut self, ledger: &Ledger, cache: &[std::sync::Arc<CachedAttachment>]) {
         let (pools, pool_staleness) = self.pools.view();
         self.metrics.set_kube_staleness("ippools", pool_staleness);
         if let Some(pools) = pools {
@@ -276,6 +277,18 @@ impl KubeAgent {
             info!("whereabouts IPPool CRD not found: the whereabouts store is off");
             self.crd_missing_logged = true;
         }
+    }
+
+    /// This node's whereabouts reservations, as the last [`Self::scan_pools`]
+    /// found them.
+    #[must_use]
+    pub fn reservations(&self) -> &[crate::ipam::Reservation] {
+        &self.scan.scan.reservations
+    }
+
+    /// Adds the API's evidence to `obs` (from the reflector's store: no
+    /// request here), with the pods the last [`Self::scan_pools`] named.
+    pub fn observe(&mut self, obs: &mut Observations) {
         let view = self.pods.as_ref().map(PodWatch::view);
         if let Some(v) = &view {
             self.metrics.set_kube_staleness("pods", v.staleness);

@@ -60,6 +60,25 @@ fn push_filed<K: std::hash::Hash + Eq>(out: &mut Vec<usize>, map: &Map<K, Filed<
     out.extend(map.get(key).into_iter().flatten().copied());
 }
 
+/// The ledger's attachments bound to this incarnation ([`Life::names`]),
+/// looked up in the bindings the ledger files as they change: pinned ones
+/// that may be it, and those resolved to its inode (or, known by nsid alone,
+/// its nsid) during its lifetime. In the ledger's binding order, pinned
+/// first; a container may come twice.
+pub(super) fn bound_to<'l>(ledger: &'l Ledger, life: &Life) -> impl Iterator<Item = &'l Attachment> {
+    let index = ledger.bindings();
+    let filed = match (life.id.inode, life.id.nsid) {
+        (Some(inode), _) => index.resolved_to_inode(inode),
+        (None, Some(nsid)) => index.resolved_to_nsid(nsid),
+        (None, None) => &[],
+    };
+    index
+        .pinned_sharing(life.id.inode, life.id.nsid)
+        .chain(life.bound_during(filed, |b| b.at))
+        .filter_map(|b| ledger.in_slot(b.slot))
+        .filter(|a| life.names(a))
+}
+
 /// For a snapshot whose sealed views are out of its range (none indexed).
 static NONE_SEALED: SealedViews = SealedViews::NONE;
 
@@ -246,11 +265,6 @@ impl<'a> PassIndex<'a> {
         filed.into_iter().filter_map(move |b| ledger.in_slot(b.slot))
     }
 
-    /// Pinned attachments whose identity may be `id`.
-    fn pinned_sharing(&self, id: &NetnsId) -> impl Iterator<Item = &'a Attachment> + use<'a> {
-        self.attachments_of(self.ledger.bindings().pinned_sharing(id.inode, id.nsid))
-    }
-
     /// Attachments whose binding may name `dead`: pinned ones that may be
     /// it, and those resolved from an (inode, nsid) that
     /// [`resolution_may_name`] does not rule out.
@@ -269,18 +283,7 @@ impl<'a> PassIndex<'a> {
     /// its inode, or its nsid when that is all the model knows of it) and
     /// cache entries (by path), looked up.
     pub(super) fn containers_of(&self, life: &Life, bind_mounts: &[PathBuf]) -> Vec<String> {
-        let index = self.ledger.bindings();
-        let filed = match (life.id.inode, life.id.nsid) {
-            (Some(inode), _) => index.resolved_to_inode(inode),
-            (None, Some(nsid)) => index.resolved_to_nsid(nsid),
-            (None, None) => &[],
-        };
-        let mut ids: Vec<String> = self
-            .pinned_sharing(&life.id)
-            .chain(self.attachments_of(life.bound_during(filed, |b| b.at)))
-            .filter(|a| life.names(a))
-            .map(|a| a.container_id.clone())
-            .collect();
+        let mut ids: Vec<String> = bound_to(self.ledger, life).map(|a| a.container_id.clone()).collect();
         for mount in bind_mounts {
             ids.extend(
                 self.cache_at(mount)
