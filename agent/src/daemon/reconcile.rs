@@ -27,6 +27,12 @@ use crate::{
     telemetry::event::ReleaseReason,
 };
 
+/// A full pass walks the whole node unless the netns the model knows and
+/// the containers the ledger holds outnumber the containers it judges this
+/// many times: under churn, minutes of dead netns and runs against a few
+/// pods; at rest, about two per pod.
+const HISTORY_PER_CONTAINER: usize = 4;
+
 /// The reservations a death concerns: its containers and IPs, with those
 /// of the candidate files found for them (a file found by IP names its
 /// owner, whose evidence its verdict reads).
@@ -325,10 +331,18 @@ impl Agent {
     /// `observations_for_every_reservation_give_the_whole_nodes_verdicts`),
     /// at a cost in proportion to the node's reservations, not to its
     /// history (under pod churn thousands of dead netns and runs).
+    /// When the node's history does not outnumber its reservations
+    /// ([`HISTORY_PER_CONTAINER`]), the whole node is walked, as before:
+    /// the same verdicts, without a copy of every container's ID for the
+    /// concern and a look-up per container where one walk reads it all.
     fn observe_reserved(&mut self, sources: Sources, scan: &StoreScan) -> (Observations, Observed) {
         self.scan_pools(&sources);
         let pools = self.kube.as_ref().map_or(&[][..], |k| k.reservations());
         let concern = Concern::of_reservations(scan.reservations.iter().chain(pools), sources.runtime.as_ref());
+        let history = sources.snapshot.netns.len() + self.ledger.len();
+        if history <= HISTORY_PER_CONTAINER * concern.containers.len() {
+            return self.observed(sources, None);
+        }
         self.observed(sources, Some(&concern))
     }
 

@@ -634,6 +634,18 @@ impl Ledger {
         &self.bindings
     }
 
+    /// How many containers the ledger holds (those of the last
+    /// [`DEAD_NETNS_MAX_AGE`] included).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.attachments.len()
+    }
+
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.attachments.is_empty()
+    }
+
     pub fn attachments(&self) -> impl Iterator<Item = &Attachment> {
         self.attachments.iter().map(|(_, a)| a.as_ref())
     }
