@@ -1773,6 +1773,20 @@ mod tests {
             }
         }
 
+        /// Container `CIDS[c]`'s reservation of IP `n` in `network`, made at `at`.
+        fn reservation_of(network: &str, c: usize, n: u8, at: u64) -> Reservation {
+            Reservation::from(ReservationData {
+                store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
+                network: network.into(),
+                ip: ip(n),
+                container_id: CIDS[c].into(),
+                ifname: Some("eth0".into()),
+                created_at: t(at),
+                path: format!("/d/{network}/{}", ip(n)).into(),
+                inode: 1,
+            })
+        }
+
         fn with_extra(mut obs: Observations, extra: &[DeadNetns]) -> Observations {
             obs.dead.extend(extra.iter().cloned());
             obs
@@ -1887,18 +1901,7 @@ mod tests {
                 let judged: Vec<Reservation> = reserved
                     .iter()
                     .filter(|(c, n, _)| concern.containers.contains(CIDS[*c]) && concern.ips.contains(&ip(*n)))
-                    .map(|&(c, n, at)| {
-                        Reservation::from(ReservationData {
-                            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
-                            network: "n".into(),
-                            ip: ip(n),
-                            container_id: CIDS[c].into(),
-                            ifname: Some("eth0".into()),
-                            created_at: t(at),
-                            path: format!("/d/n/{}", ip(n)).into(),
-                            inode: 1,
-                        })
-                    })
+                    .map(|&(c, n, at)| reservation_of("n", c, n, at))
                     .collect();
                 let policy = Policy::default();
                 let expected = decide(&full, &judged, t(now), &policy);
@@ -1959,18 +1962,7 @@ mod tests {
                 let reservations: Vec<Reservation> = reserved
                     .iter()
                     .enumerate()
-                    .map(|(i, &(c, n, at))| {
-                        Reservation::from(ReservationData {
-                            store: StoreRef::HostLocal { data_dir: "/d".into() }.into(),
-                            network: format!("n{i}").into(),
-                            ip: ip(n),
-                            container_id: CIDS[c].into(),
-                            ifname: Some("eth0".into()),
-                            created_at: t(at),
-                            path: format!("/d/n{i}/{}", ip(n)).into(),
-                            inode: 1,
-                        })
-                    })
+                    .map(|(i, &(c, n, at))| reservation_of(&format!("n{i}"), c, n, at))
                     .collect();
                 let watching = watching.map(t);
                 let completed = |mut obs: Observations| {
