@@ -9,7 +9,10 @@ use std::{
     fs, io,
     net::IpAddr,
     ops::Range,
-    os::unix::ffi::{OsStrExt, OsStringExt},
+    os::{
+        fd::{AsFd, BorrowedFd},
+        unix::ffi::{OsStrExt, OsStringExt},
+    },
     path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError},
 };
@@ -233,6 +236,56 @@ impl HostLocalStore {
         &self.data_dir
     }
 
+    /// The data directory's network directories, by name, with their
+    /// directory bytes; what is not one is an anomaly. None when the data
+    /// directory cannot be read (also an anomaly).
+    fn network_names(&self, store: &Arc<StoreRef>, anomalies: &mut Vec<Anomaly>) -> Option<(Vec<String>, u64)> {
+        let root = &self.data_dir;
+        let entries = match fs::read_dir(root) {
+            Ok(entries) => entries,
+            Err(e) => {
+                let kind =
+                    if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
+                anomalies.push(Anomaly::new(store, None, root, kind, e.to_string()));
+                return None;
+            }
+        };
+        let mut networks = Vec::new();
+        let mut dir_bytes = 0_u64;
+        for entry in entries {
+            let entry = match entry {
+                Ok(entry) => entry,
+                Err(e) => {
+                    anomalies.push(Anomaly::new(store, None, root, AnomalyKind::Unreadable, e.to_string()));
+                    continue;
+                }
+            };
+            let path = entry.path();
+            let Some(name) = entry.file_name().to_str().filter(|n| is_valid_network_name(n)).map(str::to_owned) else {
+                let detail = "not a usable network name (not UTF-8 or holds control characters)";
+                anomalies.push(Anomaly::new(store, None, &path, AnomalyKind::UnparsableName, detail));
+                continue;
+            };
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => {
+                    // Only to choose one thread or two: never a check.
+                    dir_bytes = dir_bytes.saturating_add(entry.metadata().map_or(0, |m| m.len()));
+                    networks.push(name);
+                }
+                Ok(t) if t.is_symlink() => {
+                    let detail = "a symlink where a network directory was expected; never followed";
+                    anomalies.push(Anomaly::new(store, None, &path, AnomalyKind::Symlink, detail));
+                }
+                Ok(_) => {
+                    let detail = "a file where a network directory was expected";
+                    anomalies.push(Anomaly::new(store, None, &path, AnomalyKind::NotADirectory, detail));
+                }
+                Err(e) => anomalies.push(Anomaly::new(store, None, &path, AnomalyKind::Unreadable, e.to_string())),
+            }
+        }
+        Some((networks, dir_bytes))
+    }
+
     /// Lists one network directory (`network` already validated) through
     /// the descriptor it is opened with: the names that are reservation
     /// files are kept with their IP (host-local names them canonically, so
@@ -423,49 +476,9 @@ impl ReservationStore for HostLocalStore {
     fn scan(&self) -> StoreScan {
         let store = Arc::new(self.store_ref());
         let mut out = StoreScan::default();
-        let root = &self.data_dir;
-        let entries = match fs::read_dir(root) {
-            Ok(entries) => entries,
-            Err(e) => {
-                let kind =
-                    if e.kind() == io::ErrorKind::NotFound { AnomalyKind::MissingDir } else { AnomalyKind::Unreadable };
-                out.anomalies.push(Anomaly::new(&store, None, root, kind, e.to_string()));
-                return out;
-            }
+        let Some((mut networks, dir_bytes)) = self.network_names(&store, &mut out.anomalies) else {
+            return out;
         };
-        let mut networks = Vec::new();
-        let mut dir_bytes = 0_u64;
-        for entry in entries {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(e) => {
-                    out.anomalies.push(Anomaly::new(&store, None, root, AnomalyKind::Unreadable, e.to_string()));
-                    continue;
-                }
-            };
-            let path = entry.path();
-            let Some(name) = entry.file_name().to_str().filter(|n| is_valid_network_name(n)).map(str::to_owned) else {
-                let detail = "not a usable network name (not UTF-8 or holds control characters)";
-                out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::UnparsableName, detail));
-                continue;
-            };
-            match entry.file_type() {
-                Ok(t) if t.is_dir() => {
-                    // Only to choose one thread or two: never a check.
-                    dir_bytes = dir_bytes.saturating_add(entry.metadata().map_or(0, |m| m.len()));
-                    networks.push(name);
-                }
-                Ok(t) if t.is_symlink() => {
-                    let detail = "a symlink where a network directory was expected; never followed";
-                    out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Symlink, detail));
-                }
-                Ok(_) => {
-                    let detail = "a file where a network directory was expected";
-                    out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::NotADirectory, detail));
-                }
-                Err(e) => out.anomalies.push(Anomaly::new(&store, None, &path, AnomalyKind::Unreadable, e.to_string())),
-            }
-        }
         // By name, then IP: the order the result is sorted in, which makes
         // that sort a no-op.
         networks.sort_unstable();
@@ -496,7 +509,17 @@ impl ReservationStore for HostLocalStore {
         let files: usize = opened.iter().map(|n| n.files.len()).sum();
         let read_parallel = threads >= 2 && files >= PARALLEL_SCAN_MIN_FILES;
         let mut names = Interner::new();
-        let read = two_ended(shares.len(), read_parallel, &mut names, Interner::new, |i, names| {
+        let dirs: Vec<BorrowedFd<'_>> = opened.iter().map(|n| n.dir.as_fd()).collect();
+        let helper_state = || {
+            // The helper opens and closes files under these directories
+            // only and hands out no descriptor, so it can do so in a table
+            // of its own: no lock shared with this thread per open and close.
+            if let Err(e) = safefs::private_descriptor_table(&dirs) {
+                log::debug!("the scan's helper shares the descriptor table: {e}");
+            }
+            Interner::new()
+        };
+        let read = two_ended(shares.len(), read_parallel, &mut names, helper_state, |i, names| {
             let Some((network, files)) = shares.get(i).and_then(|(net, range)| {
                 let network = opened.get(*net)?;
                 Some((network, network.files.get(range.clone())?))
