@@ -515,7 +515,7 @@ impl ReservationStore for HostLocalStore {
             // only and hands out no descriptor, so it can do so in a table
             // of its own: no lock shared with this thread per open and close.
             if let Err(e) = safefs::private_descriptor_table(&dirs) {
-                log::debug!("the scan's helper shares the descriptor table: {e}");
+                tracing::debug!("the scan's helper shares the descriptor table: {e}");
             }
             Interner::new()
         };

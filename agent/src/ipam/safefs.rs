@@ -179,8 +179,8 @@ impl AsFd for Dir {
 
 /// Gives this thread a descriptor table of its own that holds only `keep`
 /// and the standard streams. Every open and close takes its table's lock:
-/// two threads opening and closing 100,000 files in one table spent a
-/// tenth of the scan's kernel time waiting for each other.
+/// two threads opening and closing 100,000 files in one table spent 7 %
+/// of the scan's samples spinning on it (1.8 % in tables of their own).
 ///
 /// Only for a thread that opens files under `keep` and closes them itself,
 /// hands no descriptor out and ends soon: whatever it opens is in its own
@@ -229,9 +229,9 @@ impl Drop for DirStream {
 
 /// A descriptor opened for one read, closed with the close system call
 /// itself (rustix) rather than glibc's wrapper, which is a cancellation
-/// point and brackets each call with pthread's cancel state: a tenth of a
-/// 100k-file scan's time in user space went to the wrappers of its four
-/// calls per file.
+/// point and brackets each call with pthread's cancel state: its wrappers
+/// of the four calls per file held about 10 % of a 100k-file scan's
+/// samples.
 struct ReadFd(ManuallyDrop<OwnedFd>);
 
 impl ReadFd {
